@@ -1,0 +1,5 @@
+import sys
+
+from privdl.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""privdl command-line interface."""

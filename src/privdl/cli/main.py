@@ -1,0 +1,78 @@
+"""Entry point of the ``privdl`` command.
+
+Every sub-command lives in its own module under :mod:`privdl.cli` and exposes click commands;
+they are attached here. User-facing errors (:class:`privdl.errors.PrivdlError`) become one line on
+stderr and exit code 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from privdl import __version__
+from privdl.errors import PrivdlError
+
+#: (module, attribute) pairs of the click commands attached to the main group.
+_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("privdl.cli.graph", "graph"),
+    ("privdl.cli.run", "run"),
+    ("privdl.cli.run", "demo"),
+    ("privdl.cli.report", "report"),
+    ("privdl.cli.account", "account"),
+    ("privdl.cli.account", "calibrate"),
+    ("privdl.cli.account", "plan"),
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="privdl")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Differentially private decentralized and federated learning."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _attach() -> None:
+    for module_name, attr in _COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a sub-command not built yet
+            if exc.name == module_name:
+                continue
+            raise
+        command = getattr(module, attr, None)
+        if command is not None:
+            cli.add_command(command)
+
+
+_attach()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (2 for bad input)."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="privdl", standalone_mode=False)
+    except PrivdlError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if exc.exit_code in (1, 2) else exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""User-facing errors: one clear line, exit code 2 at the CLI."""
+
+from __future__ import annotations
+
+
+class PrivdlError(Exception):
+    """Bad input or an impossible request. The CLI prints ``error: <message>`` and exits with 2.
+
+    Raise it with a single-line message that says what is wrong and how to fix it.
+    """
+
+
+class ConfigError(PrivdlError, ValueError):
+    """Invalid configuration value or unknown key."""
+
+
+class GraphError(PrivdlError, ValueError):
+    """Invalid graph specification or a graph that lacks a required property."""
+
+
+class DataError(PrivdlError):
+    """Missing, corrupt or invalid dataset files."""
+
+
+class PrivacyError(PrivdlError, ValueError):
+    """Invalid privacy parameters (sigma <= 0, delta outside (0, 1), q >= n, ...)."""
