@@ -20,7 +20,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("privdl.cli.graph", "graph"),
     ("privdl.cli.run", "run"),
     ("privdl.cli.run", "demo"),
-    ("privdl.cli.report", "report"),
+    ("privdl.cli.run", "report"),
     ("privdl.cli.account", "account"),
     ("privdl.cli.account", "calibrate"),
     ("privdl.cli.account", "plan"),
@@ -55,9 +55,12 @@ _attach()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    args = list(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in args
+    if debug:  # accepted anywhere on the line, not only before the sub-command
+        args = ["--debug", *[a for a in args if a != "--debug"]]
     try:
-        cli.main(args=argv, prog_name="privdl", standalone_mode=False)
+        cli.main(args=args, prog_name="privdl", standalone_mode=False)
     except PrivdlError as exc:
         if debug:
             raise

@@ -1,1 +1,6 @@
+"""Communicators: how nodes exchange messages (gossip, push-sum, server rounds)."""
 
+from privdl.comm.base import Communicator, Tree
+from privdl.comm.local import LocalCommunicator
+
+__all__ = ["Communicator", "LocalCommunicator", "Tree"]

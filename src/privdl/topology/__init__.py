@@ -1,1 +1,56 @@
+"""Communication graphs and their mixing matrices."""
 
+from privdl.topology.graphs import (
+    Topology,
+    complete,
+    erdos_renyi,
+    from_edge_list,
+    grid,
+    parse_graph,
+    path,
+    random_regular,
+    ring,
+    star,
+    torus,
+)
+from privdl.topology.mixing import MIXING_RULES, MixingMatrix, heterogeneity_factor, mixing_matrix
+from privdl.topology.timevarying import ExponentialGraph
+
+
+def parse_topology(spec: str) -> Topology | ExponentialGraph:
+    """Parse a static graph spec or ``expo:N`` (time-varying directed exponential graph)."""
+    from privdl.errors import GraphError
+
+    s = spec.strip() if isinstance(spec, str) else spec
+    if isinstance(s, str) and s.startswith("expo:"):
+        parts = s.split(":")[1:]
+        try:
+            n = int(parts[0])
+        except (ValueError, IndexError):
+            raise GraphError(f"bad graph spec {spec!r}: expected expo:N") from None
+        variant = parts[1] if len(parts) > 1 else "forward"
+        if variant == "sgp" or variant == "forward":
+            return ExponentialGraph(n, variant=variant)
+        raise GraphError(f"bad graph spec {spec!r}: expected expo:N or expo:N:sgp")
+    return parse_graph(s)
+
+
+__all__ = [
+    "MIXING_RULES",
+    "ExponentialGraph",
+    "MixingMatrix",
+    "Topology",
+    "complete",
+    "erdos_renyi",
+    "from_edge_list",
+    "grid",
+    "heterogeneity_factor",
+    "mixing_matrix",
+    "parse_graph",
+    "parse_topology",
+    "path",
+    "random_regular",
+    "ring",
+    "star",
+    "torus",
+]

@@ -1,0 +1,102 @@
+"""DECOR: decentralized SGD with pairwise-cancelling correlated noise (Allouah et al., ICML 2024).
+
+One iteration for all nodes at once (Algorithm 1; matrix form Algorithm 4):
+
+    g_i     = Clip(grad l(x_i, xi_i); C)                                  (line 2)
+    v_ij    = -v_ji ~ N(0, sigma_cor^2 I), fresh at every t, from the edge secret s_ij
+    vbar_i  ~ N(0, sigma_cdp^2 I), private to i                            (line 3)
+    gt_i    = g_i + sum_{j in N_i} v_ij + vbar_i                           (eq. 3)
+    x_i^1/2 = (1 - eta_t wd) x_i - eta_t gt_i                               (line 5)
+    x_i^+   = sum_j W_ij x_j^1/2                                           (eq. 4)
+
+The correlated part is ``N = K Z`` with ``K`` the signed incidence matrix, so ``sum_i N_i = 0``
+structurally and the average evolves as ``xbar - (eta/n) sum_i (g_i + vbar_i)`` (eq. 33).
+The edge secrets come from X25519 key agreement (:mod:`privdl.mechanisms.secrets`); only public
+keys and model messages ever cross the communicator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from privdl.algorithms.base import StepSize
+from privdl.algorithms.dsgd import unflatten
+from privdl.comm.base import Communicator, Tree
+from privdl.engine.grads import ClipSpec
+from privdl.errors import ConfigError
+
+
+@dataclass
+class DecorState:
+    """Stacked parameters, step counter, and the stream keys (edge secrets, node noise keys)."""
+
+    params: Tree
+    t: int = 0
+    edge_keys: tuple[bytes | None, ...] = field(default=(), repr=False)
+    noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class Decor:
+    """DECOR with clipping ``clip``, independent noise ``sigma_cdp`` and correlated ``sigma_cor``.
+
+    ``edges`` is the ``(|E|, 2)`` edge array (``u < v``) of the communication graph.
+    ``sigma_cor = 0`` gives the LDP baseline exactly (no correlated stream is drawn).
+    """
+
+    step_size: StepSize
+    edges: object
+    n_nodes: int
+    clip: ClipSpec = ClipSpec()
+    sigma_cdp: float = 0.0
+    sigma_cor: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.sigma_cdp < 0 or self.sigma_cor < 0:
+            raise ConfigError("sigma_cdp and sigma_cor must be >= 0")
+
+    def init(self, params: Tree, *, seed: int | None, session_id: str = "") -> DecorState:
+        """Agree the per-edge secrets (X25519 + HKDF, locally) and derive the node noise keys.
+
+        ``seed=None`` uses OS randomness for the key pairs (deployment); a seed makes the
+        simulation reproducible (insecure, see :func:`privdl.mechanisms.agree_edge_secrets`).
+        """
+        from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
+
+        edge_keys: tuple[bytes | None, ...] = ()
+        if self.sigma_cor > 0:
+            secrets = agree_edge_secrets(self.edges, self.n_nodes, seed=seed, session_id=session_id)
+            edge_keys = tuple(secrets.edge_keys())
+        noise_keys = tuple(node_noise_keys(range(self.n_nodes), seed=seed, session_id=session_id))
+        return DecorState(params=params, t=0, edge_keys=edge_keys, noise_keys=noise_keys)
+
+    def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, dict]:
+        from privdl.mechanisms.correlated import correlated_noise, independent_noise
+
+        t = state.t
+        eta = self.step_size(t)
+        res = oracle(state.params, t, clip=self.clip)
+        grads = res.grads
+        first = next(iter(grads.values()))
+        size = sum(v[0].numel() for v in grads.values())
+        owned = comm.owned.tolist()
+        flat = None
+        if self.sigma_cdp > 0:
+            keys = [state.noise_keys[i] for i in owned]
+            flat = independent_noise(
+                keys, t, size, sigma=self.sigma_cdp, dtype=first.dtype, device=first.device
+            )
+        if self.sigma_cor > 0:
+            cor = correlated_noise(
+                state.edge_keys, self.edges, self.n_nodes, t, size, sigma_cor=self.sigma_cor,
+                dtype=first.dtype, device=first.device,
+                nodes=None if len(owned) == self.n_nodes else owned,
+            )
+            flat = cor if flat is None else flat + cor
+        if flat is not None:
+            noise = unflatten(flat, grads)
+            grads = {k: grads[k] + noise[k] for k in grads}
+        decay = 1.0 - eta * self.weight_decay
+        half = {k: decay * state.params[k] - eta * grads[k] for k in grads}
+        return replace(state, params=comm.mix(half, t), t=t + 1), {"loss": res.loss}

@@ -1,0 +1,128 @@
+"""``privdl run`` (one configured run), ``privdl demo`` (the README's main job)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from privdl.config import ALGORITHMS, RunConfig, load_config_file, make_config
+from privdl.errors import ConfigError
+
+#: CLI flag -> config key for the options offered directly (others through --set KEY=VALUE).
+_FLAGS = {
+    "task": "task", "model": "model", "graph": "graph", "mixing": "mixing", "steps": "steps",
+    "lr": "lr", "lr_decay": "lr_decay", "batch_size": "batch_size", "sampling": "sampling",
+    "clip": "clip", "clip_mode": "clip_mode", "sigma": "sigma", "sigma_cor": "sigma_cor",
+    "weight_decay": "weight_decay", "partition": "partition", "seed": "seed",
+    "eval_every": "eval_every", "device": "device", "dtype": "dtype", "data_dir": "data_dir",
+    "epsilon": "epsilon", "delta": "delta", "adversary": "adversary", "label": "label",
+}
+
+
+def _parse_set(items: tuple[str, ...]) -> dict:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        key = key.strip().replace("-", "_")
+        if key not in RunConfig.model_fields:
+            raise ConfigError(f"unknown config key {key!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+@click.command("run")
+@click.argument("algorithm", required=False, type=click.Choice(ALGORITHMS))
+@click.option("--config", "config_file", type=click.Path(), help="TOML config file.")
+@click.option("--task", help="least-squares, a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10")
+@click.option("--model", help="Model name (default per task).")
+@click.option("--graph", help="Graph spec, e.g. ring:16, torus:4x4, or an edge-list file.")
+@click.option("--mixing", help="decor, metropolis, max-degree, average.")
+@click.option("--steps", type=int)
+@click.option("--lr", type=float)
+@click.option("--lr-decay", type=float, help="eta_t = lr/(1 + t/DECAY).")
+@click.option("--batch-size", type=int)
+@click.option("--sampling", help="without_replacement, poisson or full.")
+@click.option("--clip", type=float, help="Clipping threshold C.")
+@click.option("--clip-mode", help="per_sample, batch_mean or none.")
+@click.option("--sigma", type=float, help="Independent Gaussian noise std (LDP/CDP/DECOR).")
+@click.option("--sigma-cor", type=float, help="Correlated noise std (DECOR).")
+@click.option("--weight-decay", type=float)
+@click.option("--partition", help="iid, dirichlet:ALPHA or shards:K.")
+@click.option("--seed", type=int)
+@click.option("--eval-every", type=int)
+@click.option("--device", help="cpu or cuda.")
+@click.option("--dtype", help="float32 or float64.")
+@click.option("--data-dir", help="Where dataset files are looked up first.")
+@click.option("--epsilon", type=float, help="Target epsilon: the noise is calibrated to it.")
+@click.option("--delta", type=float)
+@click.option("--adversary", help="eavesdropper, curious, collusion:Q or ldp (DECOR).")
+@click.option("--label", help="A name for the run in reports.")
+@click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
+@click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
+@click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in DIR.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier run in --out.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: if a tty).")
+def run(algorithm, config_file, sets, out, resume_dir, overwrite, progress, **flags) -> None:
+    """Train ALGORITHM (dsgd, ldp, cdp, decor) and record metrics and privacy spent."""
+    from privdl.runner import resume, train
+
+    if resume_dir:
+        summary = resume(resume_dir, progress=progress)
+        _print_summary(summary, Path(resume_dir))
+        return
+    values: dict = load_config_file(config_file) if config_file else {}
+    if algorithm:
+        values["algorithm"] = algorithm
+    for flag, key in _FLAGS.items():
+        if flags.get(flag) is not None:
+            values[key] = flags[flag]
+    values.update(_parse_set(sets))
+    cfg = make_config(values)
+    out_dir = Path(out or f"runs/{cfg.algorithm}")
+    summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
+    _print_summary(summary, out_dir)
+
+
+def _print_summary(summary: dict, out_dir: Path) -> None:
+    from privdl.report import privacy_text
+
+    final = summary.get("final", {})
+    shown = {k: v for k, v in final.items() if isinstance(v, float | int) and k != "wall_time"}
+    click.echo(" ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in shown.items()))
+    click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
+    click.echo(f"records: {out_dir}")
+
+
+@click.command("demo")
+@click.option("--out", type=click.Path(), default="runs/demo", show_default=True)
+@click.option("--steps", type=int, default=400, show_default=True)
+@click.option("--epsilon", type=float, default=3.0, show_default=True,
+              help="Privacy target of the private runs (delta = 1e-5, user-level).")
+@click.option("--progress/--no-progress", default=None)
+def demo(out: str, steps: int, epsilon: float, progress) -> None:
+    """The main job: private vs non-private decentralized learning on a9a over ring:16."""
+    from privdl.demo import run_demo
+
+    table, report = run_demo(Path(out), steps=steps, epsilon=epsilon, progress=progress)
+    click.echo(table)
+    click.echo(f"\nreport: {report}")
+
+
+@click.command("report")
+@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(), default="report", show_default=True)
+def report(dirs: tuple[str, ...], out: str) -> None:
+    """Make a markdown table and PNG plots from one or several run directories."""
+    from privdl.report import make_report
+
+    path = make_report(list(dirs), out)
+    click.echo(path.read_text())
+    click.echo(f"written: {path}")

@@ -1,0 +1,126 @@
+"""Typed run configuration: TOML files or CLI flags -> a validated :class:`RunConfig`.
+
+Unknown keys are errors (pydantic ``extra="forbid"``); every validation failure becomes a one-line
+:class:`~privdl.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from privdl.errors import ConfigError
+
+ALGORITHMS = ("dsgd", "ldp", "decor", "cdp")
+TASKS = ("least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10")
+
+
+class RunConfig(BaseModel):
+    """Everything that defines one training run (the resolved copy is saved with its records)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Literal["dsgd", "ldp", "decor", "cdp"] = "dsgd"
+    task: Literal["least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10"] = (
+        "a9a"
+    )
+    model: str | None = None
+    graph: str = "ring:16"
+    mixing: Literal["decor", "metropolis", "max-degree", "average"] = "metropolis"
+    steps: int = Field(default=500, ge=1)
+    lr: float = 0.1
+    lr_decay: float | None = None
+    batch_size: int = Field(default=64, ge=1)
+    sampling: Literal["without_replacement", "poisson", "full"] = "without_replacement"
+    clip: float | None = None
+    clip_mode: Literal["none", "per_sample", "batch_mean"] = "none"
+    clip_kind: Literal["hard", "smooth"] = "hard"
+    sigma: float = 0.0
+    sigma_cor: float = 0.0
+    weight_decay: float = 0.0
+    partition: str = "iid"
+    seed: int = 0
+    data_seed: int = 1
+    eval_every: int = Field(default=50, ge=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "float64"] = "float32"
+    data_dir: str | None = None
+    ls_dim: int = Field(default=10, ge=1)
+    epsilon: float | None = None
+    delta: float | None = None
+    adversary: str = "eavesdropper"
+    label: str | None = None
+
+    @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
+    @classmethod
+    def _finite_nonneg(cls, v: float, info) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{info.field_name} must be a finite number >= 0")
+        if info.field_name == "lr" and v == 0:
+            raise ValueError("lr must be > 0")
+        return v
+
+    @field_validator("clip")
+    @classmethod
+    def _clip(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise ValueError("clip must be a positive number")
+        return v
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, v: str) -> str:
+        kind, _, arg = v.partition(":")
+        if kind == "iid" and not arg:
+            return v
+        if kind in ("dirichlet", "shards"):
+            try:
+                x = float(arg)
+            except ValueError:
+                raise ValueError(f"partition {v!r}: expected dirichlet:ALPHA or shards:K") from None
+            if not math.isfinite(x) or x <= 0:
+                raise ValueError(f"partition {v!r}: parameter must be positive")
+            return v
+        raise ValueError(f"unknown partition {v!r}; expected iid, dirichlet:ALPHA or shards:K")
+
+    def with_updates(self, **changes: Any) -> RunConfig:
+        """A validated copy with ``changes`` applied."""
+        return make_config({**self.model_dump(), **changes})
+
+
+def make_config(values: dict[str, Any]) -> RunConfig:
+    """Validate a mapping into a :class:`RunConfig`; errors become one-line ConfigErrors."""
+    try:
+        cfg = RunConfig(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "config"
+        if err.get("type") == "extra_forbidden":
+            raise ConfigError(f"unknown config key {loc!r}") from None
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        raise ConfigError(f"invalid config value for {loc!r}: {msg}") from None
+    if cfg.clip_mode != "none" and cfg.clip is None:
+        raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (clip)")
+    if cfg.clip is not None and cfg.clip_mode == "none":
+        cfg = cfg.model_copy(update={"clip_mode": "per_sample"})
+    if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:
+        raise ConfigError(f"delta must be in (0, 1), got {cfg.delta}")
+    if cfg.epsilon is not None and not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
+        raise ConfigError(f"epsilon must be positive, got {cfg.epsilon}")
+    return cfg
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into a flat mapping (a ``[run]`` table, if present, is used)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    return dict(data.get("run", data))

@@ -1,0 +1,148 @@
+"""Run records: resolved config, environment, append-only JSONL metrics, checkpoints, summary.
+
+Layout of a run directory::
+
+    config.json       the resolved configuration
+    environment.json  package versions, device, threads, platform
+    metrics.jsonl     one JSON object per evaluation, appended (never rewritten)
+    checkpoint.pt     the latest state (written atomically before its metrics line)
+    summary.json      written last, atomically: its presence means the run completed
+
+Reports are made from these files, never from live training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from privdl.errors import PrivdlError
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become strings ("nan", "inf")."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(_clean(obj), f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def environment() -> dict[str, Any]:
+    """Package versions, Python, platform and torch threading facts."""
+    import torch
+
+    versions = {}
+    for pkg in ("privdl", "torch", "numpy", "scipy", "networkx", "dp-accounting", "cryptography"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "packages": versions,
+    }
+
+
+class RunRecords:
+    """The files of one run directory."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.dir / "metrics.jsonl"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / "checkpoint.pt"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.dir / "summary.json"
+
+    def start(self, config: dict[str, Any], *, overwrite: bool = False) -> None:
+        """Create the directory for a fresh run; refuses to mix with an earlier run's records."""
+        if self.metrics_path.exists() and not overwrite:
+            raise PrivdlError(
+                f"{self.dir} already holds a run; use --resume {self.dir} to continue it, "
+                "or choose another --out"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for p in (self.metrics_path, self.checkpoint_path, self.summary_path):
+            if p.exists():
+                p.unlink()
+        write_json_atomic(self.dir / "config.json", config)
+        write_json_atomic(self.dir / "environment.json", environment())
+
+    def config(self) -> dict[str, Any]:
+        p = self.dir / "config.json"
+        if not p.is_file():
+            raise PrivdlError(f"{self.dir} is not a privdl run directory (no config.json)")
+        return json.loads(p.read_text())
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Append one metrics row (one line of JSON) and flush it to disk."""
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_clean(row), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Every complete metrics row (a torn last line from a crash is skipped)."""
+        if not self.metrics_path.exists():
+            return
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        import torch
+
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".checkpoint.")
+        os.close(fd)
+        torch.save(state, tmp)
+        os.replace(tmp, self.checkpoint_path)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        import torch
+
+        if not self.checkpoint_path.exists():
+            return None
+        return torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.summary_path, summary)
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.summary_path.exists():
+            return None
+        return json.loads(self.summary_path.read_text())

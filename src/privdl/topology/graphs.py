@@ -1,0 +1,341 @@
+"""Communication graphs: construction from spec strings, and their spectral facts.
+
+A :class:`Topology` is an undirected simple graph on nodes ``0..n-1``. Time-varying directed
+graphs (PrivSGP-VR's exponential graph) live in :mod:`privdl.topology.timevarying`.
+
+Spec strings: ``ring:16``, ``path:8``, ``star:8``, ``complete:16``, ``torus:4x4``, ``grid:4x4``,
+``er:10:0.8:SEED``, ``regular:50:6:SEED``, ``expo:16`` (time-varying, see
+:func:`privdl.topology.parse_topology`), or the path of an edge-list file with one ``u v`` pair of
+0-based integers per line (``#`` starts a comment).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from privdl.errors import GraphError
+
+#: Above this many nodes, spectral quantities use sparse eigen-solvers instead of dense ones.
+DENSE_LIMIT = 2000
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """An undirected simple graph on nodes ``0..n-1`` with its spectral facts.
+
+    ``edges`` is an ``(|E|, 2)`` integer array with ``u < v`` in each row, sorted; it fixes the
+    orientation used for pairwise-cancelling noise (DECOR §2.3: +1 at the lower endpoint).
+    """
+
+    name: str
+    graph: nx.Graph = field(repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.graph.number_of_nodes()
+        if n < 1:
+            raise GraphError(f"graph {self.name!r} has no nodes")
+        if set(self.graph.nodes) != set(range(n)):
+            raise GraphError(f"graph {self.name!r}: nodes must be the integers 0..{n - 1}")
+        if any(u == v for u, v in self.graph.edges):
+            raise GraphError(f"graph {self.name!r} has a self-loop")
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return self.graph.number_of_nodes()
+
+    @cached_property
+    def edges(self) -> np.ndarray:
+        """Undirected edges as a sorted ``(|E|, 2)`` int64 array with ``u < v``."""
+        e = np.array([sorted(uv) for uv in self.graph.edges], dtype=np.int64).reshape(-1, 2)
+        order = np.lexsort((e[:, 1], e[:, 0]))
+        return e[order]
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+    @cached_property
+    def degrees(self) -> np.ndarray:
+        """Degree of every node (neighbours, the node itself excluded)."""
+        deg = np.zeros(self.n, dtype=np.int64)
+        np.add.at(deg, self.edges.ravel(), 1)
+        return deg
+
+    @cached_property
+    def adjacency(self) -> sp.csr_matrix:
+        """Symmetric 0/1 adjacency matrix (CSR)."""
+        e = self.edges
+        rows = np.concatenate([e[:, 0], e[:, 1]])
+        cols = np.concatenate([e[:, 1], e[:, 0]])
+        data = np.ones(rows.shape[0])
+        return sp.csr_matrix((data, (rows, cols)), shape=(self.n, self.n))
+
+    @cached_property
+    def laplacian(self) -> sp.csr_matrix:
+        """Graph Laplacian ``L = D - A`` (CSR)."""
+        return (sp.diags(self.degrees.astype(float)) - self.adjacency).tocsr()
+
+    @cached_property
+    def incidence(self) -> sp.csr_matrix:
+        """Signed incidence matrix ``K`` (n x |E|): +1 at the lower endpoint, -1 at the upper.
+
+        ``K K^T = L`` (DECOR Algorithm 4, §2.3).
+        """
+        e = self.edges
+        m = e.shape[0]
+        rows = np.concatenate([e[:, 0], e[:, 1]])
+        cols = np.concatenate([np.arange(m), np.arange(m)])
+        data = np.concatenate([np.ones(m), -np.ones(m)])
+        return sp.csr_matrix((data, (rows, cols)), shape=(self.n, m))
+
+    @cached_property
+    def is_connected(self) -> bool:
+        return self.n == 1 or nx.is_connected(self.graph)
+
+    @cached_property
+    def is_regular(self) -> bool:
+        return bool(np.all(self.degrees == self.degrees[0]))
+
+    @cached_property
+    def algebraic_connectivity(self) -> float:
+        """Second-smallest eigenvalue of the Laplacian, a(G) (0 for a disconnected graph)."""
+        if self.n == 1:
+            return 0.0
+        if not self.is_connected:
+            return 0.0
+        eig = laplacian_spectrum(self.laplacian, k=2)
+        return float(max(eig[1], 0.0))
+
+    def neighbours(self, i: int) -> np.ndarray:
+        """Sorted neighbours of node ``i``."""
+        a = self.adjacency
+        return np.sort(a.indices[a.indptr[i] : a.indptr[i + 1]])
+
+    def require_connected(self, what: str = "this algorithm") -> None:
+        """Raise :class:`GraphError` unless the graph is connected."""
+        if not self.is_connected:
+            ncomp = nx.number_connected_components(self.graph)
+            raise GraphError(
+                f"graph {self.name!r} is disconnected ({ncomp} components); {what} needs a "
+                "connected graph"
+            )
+
+    def summary(self) -> dict:
+        """The facts ``privdl graph --json`` prints."""
+        deg = self.degrees
+        return {
+            "name": self.name,
+            "n": self.n,
+            "edges": self.num_edges,
+            "connected": bool(self.is_connected),
+            "regular": bool(self.is_regular),
+            "algebraic_connectivity": self.algebraic_connectivity,
+            "degree_min": int(deg.min()) if deg.size else 0,
+            "degree_max": int(deg.max()) if deg.size else 0,
+            "degree_mean": float(deg.mean()) if deg.size else 0.0,
+        }
+
+
+def laplacian_spectrum(lap: sp.spmatrix, *, k: int | None = None) -> np.ndarray:
+    """Smallest ``k`` eigenvalues of a symmetric PSD matrix (all of them if ``k`` is None)."""
+    n = lap.shape[0]
+    if k is None or n <= DENSE_LIMIT:
+        vals = np.linalg.eigvalsh(lap.toarray())
+        return vals if k is None else vals[:k]
+    # shift-invert near zero; the Laplacian is singular so shift slightly below 0
+    vals = spla.eigsh(lap.tocsc(), k=k, sigma=-1e-3, which="LM", return_eigenvectors=False)
+    return np.sort(vals)
+
+
+# ----------------------------------------------------------------------------------------------
+# constructors
+
+
+def _from_edges(name: str, n: int, edges) -> Topology:
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from((int(u), int(v)) for u, v in edges if u != v)
+    return Topology(name=name, graph=g)
+
+
+def ring(n: int) -> Topology:
+    """Cycle C_n (n >= 3; n = 2 gives a single edge)."""
+    _check_n(n, 2, "ring")
+    return _from_edges(f"ring:{n}", n, [(i, (i + 1) % n) for i in range(n)])
+
+
+def path(n: int) -> Topology:
+    _check_n(n, 1, "path")
+    return _from_edges(f"path:{n}", n, [(i, i + 1) for i in range(n - 1)])
+
+
+def star(n: int) -> Topology:
+    """Star with centre 0 and ``n - 1`` leaves."""
+    _check_n(n, 1, "star")
+    return _from_edges(f"star:{n}", n, [(0, i) for i in range(1, n)])
+
+
+def complete(n: int) -> Topology:
+    _check_n(n, 1, "complete")
+    return _from_edges(f"complete:{n}", n, [(i, j) for i in range(n) for j in range(i + 1, n)])
+
+
+def _lattice(rows: int, cols: int, *, periodic: bool) -> Topology:
+    kind = "torus" if periodic else "grid"
+    if rows < 1 or cols < 1:
+        raise GraphError(f"{kind}: dimensions must be positive, got {rows}x{cols}")
+    edges = []
+    for r in range(rows):
+        for c in range(cols):
+            i = r * cols + c
+            if c + 1 < cols or (periodic and cols > 2):
+                edges.append((i, r * cols + (c + 1) % cols))
+            if r + 1 < rows or (periodic and rows > 2):
+                edges.append((i, ((r + 1) % rows) * cols + c))
+    return _from_edges(f"{kind}:{rows}x{cols}", rows * cols, edges)
+
+
+def torus(rows: int, cols: int) -> Topology:
+    """2-D torus (periodic grid), nodes in row-major order; the DECOR paper's "grid"."""
+    return _lattice(rows, cols, periodic=True)
+
+
+def grid(rows: int, cols: int) -> Topology:
+    """2-D grid without wrap-around, nodes in row-major order."""
+    return _lattice(rows, cols, periodic=False)
+
+
+def erdos_renyi(n: int, p: float, seed: int, *, require_connected: bool = True) -> Topology:
+    """G(n, p) with a seeded generator; refuses a disconnected draw when connectivity is required."""
+    _check_n(n, 1, "er")
+    if not 0.0 < p <= 1.0:
+        raise GraphError(f"er: edge probability must be in (0, 1], got {p}")
+    g = nx.gnp_random_graph(n, p, seed=int(seed))
+    topo = Topology(name=f"er:{n}:{p}:{seed}", graph=g)
+    if require_connected and not topo.is_connected:
+        raise GraphError(
+            f"er:{n}:{p}:{seed} drew a disconnected graph; choose another seed or a larger p"
+        )
+    return topo
+
+
+def random_regular(n: int, d: int, seed: int) -> Topology:
+    """Uniform random d-regular graph on n nodes (seeded)."""
+    _check_n(n, 2, "regular")
+    if not 0 <= d < n or (n * d) % 2:
+        raise GraphError(f"regular:{n}:{d}: need 0 <= d < n and n*d even")
+    g = nx.random_regular_graph(d, n, seed=int(seed))
+    return Topology(name=f"regular:{n}:{d}:{seed}", graph=g)
+
+
+def from_edge_list(path_like: str | Path) -> Topology:
+    """Read an edge-list file: one ``u v`` pair of 0-based integers per line.
+
+    Self-loops, duplicate edges and non-integer entries are refused; ``n`` is the largest index
+    plus one.
+    """
+    p = Path(path_like)
+    if not p.is_file():
+        raise GraphError(f"edge-list file {str(p)!r} not found")
+    pairs: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for lineno, raw in enumerate(p.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        if len(parts) != 2:
+            raise GraphError(f"{p}:{lineno}: expected two integers 'u v', got {raw.strip()!r}")
+        try:
+            u, v = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise GraphError(f"{p}:{lineno}: non-integer node in {raw.strip()!r}") from None
+        if u < 0 or v < 0:
+            raise GraphError(f"{p}:{lineno}: node indices must be >= 0")
+        if u == v:
+            raise GraphError(f"{p}:{lineno}: self-loop {u}-{v} is not allowed")
+        key = (min(u, v), max(u, v))
+        if key in seen:
+            raise GraphError(f"{p}:{lineno}: duplicate edge {key[0]}-{key[1]}")
+        seen.add(key)
+        pairs.append(key)
+    if not pairs:
+        raise GraphError(f"edge-list file {str(p)!r} has no edges")
+    n = max(max(e) for e in pairs) + 1
+    return _from_edges(str(p), n, pairs)
+
+
+def _check_n(n: int, minimum: int, kind: str) -> None:
+    if n < minimum:
+        raise GraphError(f"{kind}: need at least {minimum} nodes, got {n}")
+
+
+def _ints(kind: str, parts: list[str], count: int, spec: str) -> list[int]:
+    if len(parts) != count:
+        raise GraphError(f"bad graph spec {spec!r}: {kind} takes {count} field(s)")
+    try:
+        return [int(x) for x in parts]
+    except ValueError:
+        raise GraphError(f"bad graph spec {spec!r}: expected integers") from None
+
+
+def parse_graph(spec: str) -> Topology:
+    """Build a static :class:`Topology` from a spec string or an edge-list file path."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise GraphError("empty graph spec")
+    spec = spec.strip()
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    builders = {
+        "ring": lambda: ring(*_ints(kind, parts, 1, spec)),
+        "path": lambda: path(*_ints(kind, parts, 1, spec)),
+        "star": lambda: star(*_ints(kind, parts, 1, spec)),
+        "complete": lambda: complete(*_ints(kind, parts, 1, spec)),
+        "torus": lambda: torus(*_dims(parts, spec)),
+        "grid": lambda: grid(*_dims(parts, spec)),
+        "er": lambda: _er(parts, spec),
+        "regular": lambda: random_regular(*_ints(kind, parts, 3, spec)),
+    }
+    if kind in builders and rest:
+        return builders[kind]()
+    if kind == "expo":
+        raise GraphError(
+            f"{spec!r} is a time-varying directed graph; use it where push-sum is supported"
+        )
+    if Path(spec).exists():
+        return from_edge_list(spec)
+    raise GraphError(
+        f"unknown graph spec {spec!r}; expected ring:N, path:N, star:N, complete:N, torus:RxC, "
+        "grid:RxC, er:N:P:SEED, regular:N:D:SEED, expo:N or an edge-list file"
+    )
+
+
+def _dims(parts: list[str], spec: str) -> tuple[int, int]:
+    if len(parts) != 1 or "x" not in parts[0]:
+        raise GraphError(f"bad graph spec {spec!r}: expected RxC, e.g. torus:4x4")
+    a, _, b = parts[0].partition("x")
+    try:
+        return int(a), int(b)
+    except ValueError:
+        raise GraphError(f"bad graph spec {spec!r}: expected integers RxC") from None
+
+
+def _er(parts: list[str], spec: str) -> Topology:
+    if len(parts) != 3:
+        raise GraphError(f"bad graph spec {spec!r}: expected er:N:P:SEED")
+    try:
+        n, p, seed = int(parts[0]), float(parts[1]), int(parts[2])
+    except ValueError:
+        raise GraphError(f"bad graph spec {spec!r}: expected er:N:P:SEED with numbers") from None
+    if not math.isfinite(p):
+        raise GraphError(f"bad graph spec {spec!r}: p must be finite")
+    return erdos_renyi(n, p, seed)

@@ -1,0 +1,167 @@
+"""Mixing matrices (gossip weights) and their consensus facts.
+
+Each rule is named and none is substituted silently:
+
+- ``decor``: the DECOR paper's weights, ``W_ij = 1/(deg(i)+1)`` for ``j`` a neighbour of ``i`` or
+  ``j = i`` (DECOR §6 / spec §2.5). Row-stochastic; symmetric (hence doubly stochastic) only on
+  regular graphs, so it is refused on irregular graphs where double stochasticity is needed.
+- ``metropolis``: Metropolis–Hastings, ``W_ij = 1/(1 + max(deg i, deg j))`` on edges, the rest of
+  the row on the diagonal. Symmetric and doubly stochastic on any graph.
+- ``max-degree``: uniform weights ``1/(d_max + 1)`` on edges, the rest on the diagonal.
+- ``average``: ``J = 11^T/n`` (the complete graph's exact averaging; DECOR's CDP baseline).
+- ``push-sum``: column-stochastic ``P_ij = 1/(outdeg(j)+1)`` for ``i`` an out-neighbour of ``j``
+  or ``i = j`` (row = receiver, column = sender), for stochastic gradient push.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+from privdl.errors import GraphError
+from privdl.topology.graphs import DENSE_LIMIT, Topology
+
+MIXING_RULES = ("decor", "metropolis", "max-degree", "average", "push-sum")
+
+
+@dataclass(frozen=True, eq=False)
+class MixingMatrix:
+    """A named gossip matrix ``W`` (n x n, CSR) with its consensus facts.
+
+    Conventions: ``x_new = W @ x`` where the rows of ``x`` are nodes, so row ``i`` of ``W`` holds
+    the weights node ``i`` gives to what it receives.
+    """
+
+    rule: str
+    matrix: sp.csr_matrix
+
+    @property
+    def n(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def dense(self) -> np.ndarray:
+        return self.matrix.toarray()
+
+    @cached_property
+    def row_stochastic(self) -> bool:
+        return bool(np.allclose(np.asarray(self.matrix.sum(axis=1)).ravel(), 1.0, atol=1e-12))
+
+    @cached_property
+    def column_stochastic(self) -> bool:
+        return bool(np.allclose(np.asarray(self.matrix.sum(axis=0)).ravel(), 1.0, atol=1e-12))
+
+    @cached_property
+    def symmetric(self) -> bool:
+        d = self.matrix - self.matrix.T
+        return bool(abs(d).max() <= 1e-12) if d.nnz else True
+
+    @property
+    def doubly_stochastic(self) -> bool:
+        return self.row_stochastic and self.column_stochastic
+
+    @cached_property
+    def nonnegative(self) -> bool:
+        return bool((self.matrix.data >= -1e-15).all())
+
+    @cached_property
+    def consensus_rate(self) -> float:
+        """``p`` with ``1 - p`` the second-largest eigenvalue of ``W W^T`` (DECOR Assumption 5).
+
+        Then ``||XW - Xbar||_F^2 <= (1 - p)||X - Xbar||_F^2`` for doubly stochastic ``W``.
+        """
+        m = self.matrix
+        if self.n == 1:
+            return 1.0
+        if self.n <= DENSE_LIMIT:
+            vals = np.linalg.eigvalsh((m @ m.T).toarray())
+            return float(1.0 - vals[-2])
+        import scipy.sparse.linalg as spla
+
+        vals = spla.eigsh((m @ m.T).tocsc(), k=2, which="LA", return_eigenvectors=False)
+        return float(1.0 - np.sort(vals)[0])
+
+    @cached_property
+    def spectral_gap(self) -> float:
+        """``1 - |lambda_2(W)|`` for symmetric ``W`` (second-largest eigenvalue modulus)."""
+        if self.n == 1:
+            return 1.0
+        if self.n <= DENSE_LIMIT:
+            a = self.dense()
+            vals = np.linalg.eigvalsh(a) if self.symmetric else np.linalg.eigvals(a)
+            mod = np.sort(np.abs(vals))
+            return float(1.0 - mod[-2])
+        import scipy.sparse.linalg as spla
+
+        vals = spla.eigsh(self.matrix.tocsc(), k=2, which="LM", return_eigenvectors=False)
+        return float(1.0 - np.sort(np.abs(vals))[0])
+
+    def summary(self) -> dict:
+        return {
+            "rule": self.rule,
+            "row_stochastic": self.row_stochastic,
+            "column_stochastic": self.column_stochastic,
+            "symmetric": self.symmetric,
+            "consensus_rate": self.consensus_rate,
+            "spectral_gap": self.spectral_gap,
+        }
+
+
+def mixing_matrix(topology: Topology, rule: str = "metropolis") -> MixingMatrix:
+    """Build the named mixing matrix of ``topology`` (see the module docstring for the rules)."""
+    n = topology.n
+    deg = topology.degrees.astype(float)
+    e = topology.edges
+    u, v = e[:, 0], e[:, 1]
+    if rule == "decor":
+        if not topology.is_regular:
+            raise GraphError(
+                f"the 'decor' weights 1/(deg+1) are not doubly stochastic on the irregular graph "
+                f"{topology.name!r}; use --mixing metropolis"
+            )
+        w_edge_uv = 1.0 / (deg[u] + 1.0)
+        w_edge_vu = 1.0 / (deg[v] + 1.0)
+        diag = 1.0 / (deg + 1.0)
+        return _assemble(rule, n, u, v, w_edge_uv, w_edge_vu, diag)
+    if rule == "metropolis":
+        w = 1.0 / (1.0 + np.maximum(deg[u], deg[v]))
+        return _assemble_symmetric(rule, n, u, v, w)
+    if rule == "max-degree":
+        w = np.full(u.shape[0], 1.0 / (deg.max(initial=0.0) + 1.0))
+        return _assemble_symmetric(rule, n, u, v, w)
+    if rule == "average":
+        return MixingMatrix(rule, sp.csr_matrix(np.full((n, n), 1.0 / n)))
+    if rule == "push-sum":
+        # undirected graph used as a directed one in both directions: column j sends to its
+        # neighbours and itself with weight 1/(deg(j)+1)
+        cols = np.concatenate([u, v, np.arange(n)])
+        rows = np.concatenate([v, u, np.arange(n)])
+        data = 1.0 / (deg[cols] + 1.0)
+        return MixingMatrix(rule, sp.csr_matrix((data, (rows, cols)), shape=(n, n)))
+    raise GraphError(f"unknown mixing rule {rule!r}; choose one of {', '.join(MIXING_RULES)}")
+
+
+def _assemble(rule, n, u, v, w_uv, w_vu, diag) -> MixingMatrix:
+    rows = np.concatenate([u, v, np.arange(n)])
+    cols = np.concatenate([v, u, np.arange(n)])
+    data = np.concatenate([w_uv, w_vu, diag])
+    return MixingMatrix(rule, sp.csr_matrix((data, (rows, cols)), shape=(n, n)))
+
+
+def _assemble_symmetric(rule, n, u, v, w) -> MixingMatrix:
+    off = np.zeros(n)
+    np.add.at(off, u, w)
+    np.add.at(off, v, w)
+    return _assemble(rule, n, u, v, w, w, 1.0 - off)
+
+
+def heterogeneity_factor(mixing: MixingMatrix, topology: Topology) -> float:
+    """``H_G(W) = sum_{edges {i,k}} ||W_i - W_k||^2 / (2|E|)`` (DECOR eq. 11), columns of ``W``."""
+    if topology.num_edges == 0:
+        return 0.0
+    w = mixing.dense()
+    e = topology.edges
+    diff = w[:, e[:, 0]] - w[:, e[:, 1]]
+    return float((diff**2).sum() / (2 * e.shape[0]))

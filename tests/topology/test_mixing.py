@@ -1,0 +1,125 @@
+import math
+from functools import reduce
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privdl.errors import GraphError
+from privdl.topology import ExponentialGraph, Topology, heterogeneity_factor, mixing_matrix, parse_graph
+
+
+def _random_topology(n, p, seed):
+    g = nx.gnp_random_graph(n, p, seed=seed)
+    return Topology(name="random", graph=g)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 25), p=st.floats(0.1, 1.0), seed=st.integers(0, 10_000),
+       rule=st.sampled_from(["metropolis", "max-degree"]))
+def test_symmetric_rules_are_doubly_stochastic_on_any_graph(n, p, seed, rule):
+    t = _random_topology(n, p, seed)
+    w = mixing_matrix(t, rule)
+    a = w.dense()
+    assert w.symmetric and w.doubly_stochastic and w.nonnegative
+    assert np.allclose(a.sum(0), 1) and np.allclose(a.sum(1), 1) and np.allclose(a, a.T)
+    off = (a > 0) & ~np.eye(n, dtype=bool)
+    assert np.array_equal(off, t.adjacency.toarray() > 0)  # support = the graph's edges
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 25), p=st.floats(0.1, 1.0), seed=st.integers(0, 10_000))
+def test_push_sum_is_column_stochastic(n, p, seed):
+    t = _random_topology(n, p, seed)
+    w = mixing_matrix(t, "push-sum")
+    assert w.column_stochastic and w.nonnegative
+    assert np.all(np.diag(w.dense()) > 0)
+
+
+def test_decor_rule_refused_on_irregular_graph():
+    with pytest.raises(GraphError, match="irregular"):
+        mixing_matrix(parse_graph("star:5"), "decor")
+
+
+@pytest.mark.parametrize(
+    ("spec", "weight", "p", "h", "wj"),
+    [("ring:16", 1 / 3, 0.0989187, 1 / 9, 13 / 3), ("torus:4x4", 1 / 5, 0.64, 0.12, 2.2),
+     ("complete:16", 1 / 16, 1.0, 0.0, 0.0)],
+)
+def test_decor_paper_matrices(spec, weight, p, h, wj):
+    """Spec §5.2 table: p, H_G(W) and ||W - J||_F^2 of the experiment matrices."""
+    t = parse_graph(spec)
+    w = mixing_matrix(t, "decor")
+    a = w.dense()
+    assert np.allclose(a[a > 0], weight)
+    assert math.isclose(w.consensus_rate, p, abs_tol=1e-6)
+    assert math.isclose(heterogeneity_factor(w, t), h, abs_tol=1e-12)
+    assert math.isclose(float(((a - 1 / 16) ** 2).sum()), wj, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["ring:12", "torus:4x4", "er:20:0.3:4", "path:9"])
+def test_gossip_converges_at_the_predicted_rate(spec):
+    """||X_t - Xbar|| contracts at |lambda_2(W)| per step: bound and asymptotic tightness."""
+    t = parse_graph(spec)
+    w = mixing_matrix(t, "metropolis")
+    a = w.dense()
+    lam = 1 - w.spectral_gap
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t.n, 3))
+    xbar = x.mean(0)
+    dev0 = np.linalg.norm(x - xbar)
+    steps = 60
+    for _ in range(steps):
+        x = a @ x
+    assert np.allclose(x.mean(0), xbar)  # average preserved
+    dev = np.linalg.norm(x - xbar)
+    assert dev <= lam**steps * dev0 * (1 + 1e-9)
+    ratio = np.linalg.norm(a @ x - xbar) / dev  # one more step: ratio -> |lambda_2|
+    assert ratio == pytest.approx(lam, rel=0.05)
+    # consensus rate p: squared contraction bounded by (1 - p)
+    assert np.linalg.norm(a @ x - xbar) ** 2 <= (1 - w.consensus_rate) * dev**2 * (1 + 1e-9)
+
+
+def test_average_rule_is_J():
+    w = mixing_matrix(parse_graph("ring:7"), "average")
+    assert np.allclose(w.dense(), 1 / 7) and w.consensus_rate == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("n,hops", [(16, [1, 2, 4, 8]), (50, [1, 2, 4, 8, 16, 32]), (3, [1, 2]), (2, [1]), (25, [1, 2, 4, 8, 16])])
+def test_expo_hops(n, hops):
+    assert list(ExponentialGraph(n).hops) == hops
+
+
+@pytest.mark.parametrize("n", [2, 8, 16, 32, 64])
+def test_expo_exact_average_after_one_period_for_powers_of_two(n):
+    e = ExponentialGraph(n)
+    for start in (0, 3):
+        prod = reduce(lambda acc, k: e.mixing(k).dense() @ acc, range(start, start + e.period), np.eye(n))
+        assert np.abs(prod - 1 / n).max() < 1e-14
+
+
+@pytest.mark.parametrize("n,dev,iters", [(25, 0.0225, 35), (50, 0.01125, 41), (100, 0.005625, 47)])
+def test_expo_non_power_of_two(n, dev, iters):
+    """Spec §9 T3: deviation after one period and iterations to reach 1e-6."""
+    e = ExponentialGraph(n)
+    prod = np.eye(n)
+    k = 0
+    while True:
+        prod = e.mixing(k).dense() @ prod
+        k += 1
+        if k == e.period:
+            assert np.abs(prod - 1 / n).max() == pytest.approx(dev, rel=1e-9)
+        if np.abs(prod - 1 / n).max() <= 1e-6:
+            break
+    assert k == iters
+
+
+def test_expo_matrices_doubly_stochastic():
+    e = ExponentialGraph(12)
+    for k in range(e.period):
+        w = e.mixing(k)
+        assert w.doubly_stochastic
+        a = w.dense()
+        assert np.allclose(np.diag(a), 0.5) and ((a > 0).sum(0) == 2).all()
