@@ -132,14 +132,18 @@ def calibrate(cfg, topo, task):
         return cfg.with_updates(sigma=sigma_ldp * (1 + 1e-9), delta=delta)
     if cfg.algorithm == "cdp":
         return cfg.with_updates(sigma=sigma_ldp / math.sqrt(n) * (1 + 1e-9), delta=delta)
-    # DECOR: sigma_cdp fixed (given, or a default ratio of the LDP std), sigma_cor calibrated
-    from privdl.accounting.calibrate import calibrate_sigma_cor
+    # DECOR: sigma_cdp fixed (given, or a default point of its admissible range), sigma_cor
+    # calibrated by bisection so that the SecRDP step slope is at most rho (Alg 2/3).
+    from privdl.accounting.calibration import calibrate_sigma_cor
+    from privdl.accounting.conversion import compose_convert
 
     sigma_cdp = cfg.sigma if cfg.sigma > 0 else _default_sigma_cdp(sigma_ldp, n)
-    sigma_cor = calibrate_sigma_cor(
-        topo.graph, step_rdp_target=rho, sigma_cdp=sigma_cdp, clip=c, adversary=cfg.adversary
+    eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
+    cal = calibrate_sigma_cor(
+        topo.graph, epsilon=eps_one_step, delta=delta, steps=1, sigma_cdp=sigma_cdp, clip=c,
+        adversary=cfg.adversary,
     )
-    return cfg.with_updates(sigma=sigma_cdp, sigma_cor=sigma_cor, delta=delta)
+    return cfg.with_updates(sigma=sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
 
 
 def _default_sigma_cdp(sigma_ldp: float, n: int) -> float:

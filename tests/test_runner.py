@@ -1,0 +1,104 @@
+"""The runner: records, privacy labels, calibration and resume."""
+
+import json
+
+import pytest
+import torch
+
+from privdl.config import make_config
+from privdl.errors import ConfigError, PrivdlError
+from privdl.records import RunRecords
+from privdl.runner import resume, train
+
+LS = dict(task="least-squares", graph="ring:8", steps=60, lr=0.01, clip=1.0, clip_mode="batch_mean",
+          eval_every=20, dtype="float64")
+
+
+def test_records_layout_and_privacy_label(tmp_path):
+    cfg = make_config({**LS, "algorithm": "ldp", "epsilon": 5.0, "delta": 1e-5})
+    summary = train(cfg, tmp_path / "r", progress=False)
+    files = {p.name for p in (tmp_path / "r").iterdir()}
+    assert {"config.json", "environment.json", "metrics.jsonl", "summary.json", "checkpoint.pt"} <= files
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 20, 40, 60]
+    eps = [r["privacy"]["epsilon"] for r in rows]
+    assert eps[0] == 0 and all(a < b for a, b in zip(eps, eps[1:], strict=False))
+    final = summary["final"]["privacy"]
+    # calibrated conservatively: the accounted total is at most the target, and close to it
+    assert 5.0 * (1 - 1e-6) <= final["epsilon"] <= 5.0
+    assert final["accountant"] == "secrdp+classic" and final["unit"] == "user"
+    assert final["threat_model"] == "ldp" and final["neighbouring"] == "replace_one"
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["sigma"] > 0  # the resolved config carries the calibrated noise
+
+
+def test_calibrated_ldp_sigma_matches_paper_table(tmp_path):
+    """Spec §6.2: T = 3500, eps = 10 gives sigma_ldp = 67.19 C; CDP sigma_ldp / sqrt(n)."""
+    base = {**LS, "graph": "ring:16", "steps": 3500, "epsilon": 10.0, "delta": 1e-5}
+    from privdl.runner import build
+
+    ldp = build(make_config({**base, "algorithm": "ldp"})).cfg
+    cdp = build(make_config({**base, "algorithm": "cdp"})).cfg
+    assert ldp.sigma == pytest.approx(67.19, rel=1e-3)
+    assert cdp.sigma == pytest.approx(67.19 / 4, rel=1e-3)
+
+
+def test_decor_calibration_meets_target(tmp_path):
+    cfg = make_config({**LS, "algorithm": "decor", "epsilon": 3.0, "delta": 1e-5})
+    summary = train(cfg, tmp_path / "d", progress=False)
+    c = summary["config"]
+    assert c["sigma_cor"] > 0 and c["sigma"] > 0
+    eps = summary["final"]["privacy"]["epsilon"]
+    assert 3.0 * 0.999 <= eps <= 3.0
+    assert summary["final"]["privacy"]["threat_model"] == "eavesdropper"
+
+
+@pytest.mark.parametrize("algorithm", ["dsgd", "decor"])
+def test_resume_is_bit_identical(tmp_path, algorithm):
+    extra = {"sigma": 0.5, "sigma_cor": 2.0} if algorithm == "decor" else {}
+    cfg = make_config({**LS, "algorithm": algorithm, **extra})
+    full = train(cfg, tmp_path / "full", progress=False)
+    part = train(cfg, tmp_path / "part", progress=False, stop_after=33)
+    assert part == {"stopped_at": 33}
+    assert not (tmp_path / "part" / "summary.json").exists()  # nothing looks complete
+    resumed = resume(tmp_path / "part", progress=False)
+    a = RunRecords(tmp_path / "full").load_checkpoint()["params"]["x"]
+    b = RunRecords(tmp_path / "part").load_checkpoint()["params"]["x"]
+    assert torch.equal(a, b)
+    steps_full = [r["step"] for r in RunRecords(tmp_path / "full").rows()]
+    steps_part = [r["step"] for r in RunRecords(tmp_path / "part").rows()]
+    assert steps_full == steps_part  # no row lost, none written twice
+    assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]
+
+
+def test_refuses_to_overwrite_an_earlier_run(tmp_path):
+    cfg = make_config({**LS, "algorithm": "dsgd", "clip": None, "clip_mode": "none", "steps": 5})
+    train(cfg, tmp_path / "x", progress=False)
+    with pytest.raises(PrivdlError, match="already holds a run"):
+        train(cfg, tmp_path / "x", progress=False)
+
+
+@pytest.mark.parametrize(
+    ("values", "msg"),
+    [
+        ({"algorithm": "ldp", "sigma": 0.0}, "sigma"),
+        ({"algorithm": "ldp", "clip": None, "clip_mode": "none", "sigma": 1.0}, "clipping"),
+        ({"algorithm": "dsgd", "sigma": 1.0}, "non-private"),
+        ({"algorithm": "ldp", "epsilon": 1.0, "sigma": 1.0}, "either"),
+    ],
+)
+def test_inconsistent_configs(tmp_path, values, msg):
+    with pytest.raises(ConfigError, match=msg):
+        train(make_config({**LS, **values}), tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("values", "msg"),
+    [({"bogus": 1}, "unknown config key"), ({"lr": -1.0}, "lr"), ({"steps": 0}, "steps"),
+     ({"delta": 2.0}, "delta"), ({"partition": "dirichlet:-1"}, "partition"),
+     ({"clip": float("nan")}, "clip")],
+)
+def test_config_validation(values, msg):
+    with pytest.raises(ConfigError, match=msg):
+        make_config({**LS, **values})
