@@ -23,14 +23,14 @@ def demo_configs(*, steps: int, epsilon: float) -> list[tuple[str, dict]]:
     private = dict(clip=0.1, clip_mode="batch_mean", epsilon=epsilon, delta=1e-5)
     return [
         ("D-SGD (non-private)", {**base, "algorithm": "dsgd", "lr": 0.5}),
-        ("CDP (trusted averaging, W=J)", {**base, **private, "algorithm": "cdp", "lr": 0.05}),
+        ("CDP (trusted averaging, W=J)", {**base, **private, "algorithm": "cdp", "lr": 0.1}),
         ("DECOR (ring:16)", {**base, **private, "algorithm": "decor", "lr": 0.05,
                              "adversary": "eavesdropper"}),
-        ("LDP (ring:16)", {**base, **private, "algorithm": "ldp", "lr": 0.01}),
+        ("LDP (ring:16)", {**base, **private, "algorithm": "ldp", "lr": 0.02}),
     ]
 
 
-def run_demo(out: Path, *, steps: int = 400, epsilon: float = 3.0, progress=None) -> tuple[str, Path]:
+def run_demo(out: Path, *, steps: int = 400, epsilon: float = 10.0, progress=None) -> tuple[str, Path]:
     """Run the four configurations into ``out/<name>`` and write ``out/report.md`` + plots."""
     out = Path(out)
     dirs = []

@@ -104,7 +104,7 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 @click.command("demo")
 @click.option("--out", type=click.Path(), default="runs/demo", show_default=True)
 @click.option("--steps", type=int, default=400, show_default=True)
-@click.option("--epsilon", type=float, default=3.0, show_default=True,
+@click.option("--epsilon", type=float, default=10.0, show_default=True,
               help="Privacy target of the private runs (delta = 1e-5, user-level).")
 @click.option("--progress/--no-progress", default=None)
 def demo(out: str, steps: int, epsilon: float, progress) -> None:

@@ -1,0 +1,178 @@
+"""Pairwise-cancelling correlated noise and independent noise for DECOR (Alg 1 line 3, Alg 4).
+
+DECOR adds to node i's gradient sum_{j in N_i} v_ij + vbar_i with v_ij = -v_ji ~ N(0, sigma_cor^2 I_d)
+fresh at each step t, and vbar_i ~ N(0, sigma_cdp^2 I_d) (paper eq. 3). In matrix form (Alg 4,
+spec s.2.3) N^(t) = K Z^(t) with K the n x |E| signed incidence matrix (+1 at the lower endpoint,
+-1 at the upper) and Z^(t) the |E| x d matrix of edge noises z_e^(t) = sigma_cor * stream(s_e, t).
+Every z_e is added once and subtracted once, so sum_i N_i = 0 structurally and, per coordinate,
+Cov(N) = sigma_cor^2 K K^T = sigma_cor^2 L.
+
+Node-major layout: tensors here are (nodes, size); the paper's X is (d, n), i.e. the transpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from privdl.errors import ConfigError, GraphError, PrivacyError
+from privdl.mechanisms.prng import NormalBackend, normal_streams
+from privdl.mechanisms.secrets import as_edge_array
+
+__all__ = [
+    "correlated_noise",
+    "incidence_matrix",
+    "independent_noise",
+    "split_flat",
+]
+
+
+def incidence_matrix(
+    edges: Any, n_nodes: int, *, dtype: torch.dtype = torch.float64, sparse: bool = True
+) -> torch.Tensor:
+    """Signed incidence matrix K (n x |E|): K[u, e] = +1, K[v, e] = -1 for e = (u, v), u < v.
+
+    Spec s.2.3 (Alg 4): N = K Z and K K^T = L, the graph Laplacian. Sparse COO by default.
+    """
+    array = as_edge_array(edges, n_nodes)
+    n_edges = len(array)
+    rows = torch.from_numpy(np.concatenate([array[:, 0], array[:, 1]]))
+    cols = torch.arange(n_edges).repeat(2)
+    values = torch.cat([torch.ones(n_edges, dtype=dtype), -torch.ones(n_edges, dtype=dtype)])
+    matrix = torch.sparse_coo_tensor(
+        torch.stack([rows, cols]), values, (n_nodes, n_edges), check_invariants=True
+    ).coalesce()
+    return matrix if sparse else matrix.to_dense()
+
+
+def _check_sigma(name: str, sigma: float) -> float:
+    sigma = float(sigma)
+    if not sigma >= 0.0 or sigma == float("inf"):
+        raise PrivacyError(f"{name} must be a finite standard deviation >= 0; got {sigma}")
+    return sigma
+
+
+def correlated_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    nodes: Sequence[int] | None = None,
+    backend: NormalBackend = "chacha20",
+) -> torch.Tensor:
+    """Rows sum_{j in N_i} v_ij^(t) of N^(t) = K Z^(t) (DECOR Alg 1 line 3, Alg 4; spec s.2.3).
+
+    ``edge_keys[e]`` is the secret of ``edges[e]`` (u < v); ``counter`` is the iteration t, so the
+    noise is fresh at every step. Node u receives +z_e and node v receives -z_e, z_e =
+    sigma_cor * normal_streams(s_e, t). With ``nodes`` only those rows are returned and only the
+    streams of edges incident to them are generated (what a process owning a shard of nodes
+    needs); its rows equal the matching rows of the full computation bit-for-bit, because
+    each row is accumulated with the same float64 operations in the same order (its incident
+    edges in edge order, +z_e where it is the lower endpoint, -z_e where it is the upper one),
+    then scaled by sigma_cor and cast. Everything runs on ``device`` (elementwise and gather
+    kernels only, so it is deterministic on CUDA too).
+
+    Returns ``(n_nodes or len(nodes), size)`` in ``dtype`` on ``device``.
+    """
+    sigma_cor = _check_sigma("sigma_cor", sigma_cor)
+    array = as_edge_array(edges, n_nodes)
+    if len(edge_keys) != len(array):
+        raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
+    if nodes is None:
+        rows = np.arange(n_nodes)
+    else:
+        rows = np.asarray(list(nodes), dtype=np.int64).reshape(-1)
+        if np.any(rows < 0) or np.any(rows >= n_nodes) or len(np.unique(rows)) != len(rows):
+            raise GraphError(f"nodes must be distinct indices in [0, {n_nodes})")
+    position = np.full(n_nodes, -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    lower, upper = position[array[:, 0]], position[array[:, 1]]
+    needed = np.flatnonzero((lower >= 0) | (upper >= 0))
+    keys = [edge_keys[e] for e in needed.tolist()]
+    if any(key is None for key in keys):
+        missing = array[needed[[k is None for k in keys]][0]].tolist()
+        raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
+    device = torch.device(device)
+    out = torch.zeros((len(rows), size), dtype=torch.float64, device=device)
+    if len(needed) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
+        z = normal_streams(keys, counter, size, dtype=torch.float64, device=device, backend=backend)  # type: ignore[arg-type]
+        _accumulate_signed(out, z, lower[needed], upper[needed])
+        out.mul_(sigma_cor)
+    return out.to(dtype=dtype)
+
+
+def _accumulate_signed(
+    out: torch.Tensor, z: torch.Tensor, lower: np.ndarray, upper: np.ndarray
+) -> None:
+    """out[row] = sum over the row's incident edges, in edge order, of +z_e (lower) or -z_e (upper).
+
+    ``lower``/``upper`` hold each edge's output row or -1. The loop runs over degree slots (at most
+    the maximum degree), not over nodes; every row sees the same sequence of float64 additions
+    whatever other rows are computed, which makes node subsets bit-identical to the full result.
+    """
+    ends = np.concatenate([lower, upper])
+    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))])
+    sign = np.concatenate([np.ones(len(lower)), -np.ones(len(upper))])
+    keep = ends >= 0
+    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
+    order = np.lexsort((slot_edge, ends))  # by row, then by edge index
+    ends, slot_edge, sign = ends[order], slot_edge[order], sign[order]
+    starts = np.searchsorted(ends, np.arange(out.shape[0]))
+    slot = np.arange(len(ends)) - starts[ends]  # position of the edge in its row's list
+    for k in range(int(slot.max()) + 1 if len(slot) else 0):
+        at = np.flatnonzero(slot == k)
+        term = z.index_select(0, torch.from_numpy(slot_edge[at]).to(z.device))
+        signs = torch.from_numpy(sign[at]).to(z.device).unsqueeze(1)
+        if len(at) == out.shape[0]:  # every row takes part: rows == arange, no scatter needed
+            out.addcmul_(signs, term)
+        else:
+            rows = torch.from_numpy(ends[at]).to(z.device)
+            out[rows] = out[rows].addcmul_(signs, term)
+
+
+def independent_noise(
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    sigma: float,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    backend: NormalBackend = "chacha20",
+) -> torch.Tensor:
+    """Rows vbar_i^(t) ~ N(0, sigma^2 I) from each node's private key (Alg 1 line 3; LDP noise).
+
+    ``counter`` is the iteration t. Returns ``(len(node_keys), size)``.
+    """
+    sigma = _check_sigma("sigma", sigma)
+    if sigma == 0.0:
+        return torch.zeros((len(node_keys), size), dtype=dtype, device=device)
+    noise = normal_streams(
+        node_keys, counter, size, dtype=torch.float64, device=device, backend=backend
+    )
+    return noise.mul_(sigma).to(dtype=dtype)
+
+
+def split_flat(
+    flat: torch.Tensor, shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]]
+) -> dict[str, torch.Tensor]:
+    """Split an (n, P) tensor into {name: (n, *shape)} views, in the given order (P must match)."""
+    items = list(shapes.items()) if isinstance(shapes, Mapping) else list(shapes)
+    sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in items]
+    if flat.ndim != 2 or flat.shape[1] != sum(sizes):
+        raise ConfigError(
+            f"flat noise has shape {tuple(flat.shape)}; the layer shapes need (n, {sum(sizes)})"
+        )
+    parts = torch.split(flat, sizes, dim=1)
+    return {
+        name: part.reshape(flat.shape[0], *shape)
+        for (name, shape), part in zip(items, parts, strict=True)
+    }

@@ -1,0 +1,290 @@
+"""Counter-based Gaussian streams keyed by a secret (DECOR, Alg 1 line 3; spec decor.md s.2.2, s.7.5).
+
+DECOR needs noise that two parties can regenerate bit-for-bit from a shared secret (the edge seed
+s_ij of the paper, s.2) and that is *fresh at every iteration t* (the paper's "uncorrelated across
+iterations"; the official code's reuse of one draw is the bug of spec s.7.4). A counter-based
+generator gives both: the row for stream key ``k`` at step ``t`` is a pure function of ``(k, t)``,
+so it does not depend on which other rows are generated in the same call, on how nodes are sharded
+over processes, or on what was drawn before (no hidden generator state to checkpoint).
+
+Backends
+--------
+``"chacha20"`` (default, interoperable, documented in docs/secrets.md):
+    keystream = ChaCha20 (RFC 8439 block function) with key = the 32-byte stream key, initial block
+    counter 0 and the 96-bit nonce ``counter (8 bytes LE) || substream (4 bytes LE)``. The keystream
+    is read as little-endian uint64 words; a row of ``size`` normals uses m = ceil(size / 2) pairs
+    from 2m words w_0..w_2m-1. With k_j = w_j mod 2^52: u1_j = 1 - k_j 2^-52 in (0, 1],
+    u2_j = k_m+j 2^-52 in [0, 1), r_j = sqrt(-2 ln u1_j), and x_j = r_j cos(2 pi u2_j),
+    x_m+j = r_j sin(2 pi u2_j); the row is x_0..x_size-1 (float64, then cast). Exact layout:
+    docs/secrets.md and :func:`uniforms_to_normals`.
+``"torch"``:
+    a ``torch.Generator`` per stream on the target device, seeded with the first 8 bytes of
+    SHA-256(label || key || counter || substream), then ``torch.randn`` in float64. Same
+    determinism contract within one torch version and one device type, but not interoperable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from privdl.errors import PrivacyError
+
+try:  # optional: a fused ChaCha20 kernel for CUDA devices
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+__all__ = ["KEY_BYTES", "NormalBackend", "keystream", "normal_streams", "uniforms_to_normals"]
+
+KEY_BYTES = 32
+NormalBackend = Literal["chacha20", "torch"]
+_TORCH_SEED_LABEL = b"privdl/normal-stream/torch-seed/v1"
+_MAX_COUNTER = 2**64
+_LOW52 = (1 << 52) - 1
+_MAX_WORKERS = 8  # threads for the keystream (results do not depend on it)
+_PARALLEL_BYTES = 1 << 22
+_ONE_BITS = 0x3FF0000000000000  # IEEE-754 exponent bits of 1.0
+_MAX_SUBSTREAM = 2**32
+# ChaCha20 with a 32-bit block counter gives 2^32 blocks of 64 bytes per (key, nonce).
+_MAX_STREAM_BYTES = 2**32 * 64
+
+
+def _check_key(key: bytes) -> bytes:
+    if not isinstance(key, bytes | bytearray | memoryview) or len(key) != KEY_BYTES:
+        raise PrivacyError(f"stream keys must be {KEY_BYTES} bytes; got {type(key).__name__}")
+    return bytes(key)
+
+
+def _nonce(counter: int, substream: int) -> bytes:
+    """16-byte ChaCha20 IV for `cryptography`: 4-byte LE block counter 0, then the 96-bit nonce."""
+    if not 0 <= counter < _MAX_COUNTER:
+        raise PrivacyError(f"counter must be in [0, 2^64); got {counter}")
+    if not 0 <= substream < _MAX_SUBSTREAM:
+        raise PrivacyError(f"substream must be in [0, 2^32); got {substream}")
+    return bytes(4) + counter.to_bytes(8, "little") + substream.to_bytes(4, "little")
+
+
+def keystream(key: bytes, counter: int, n_bytes: int, *, substream: int = 0) -> bytes:
+    """The raw ChaCha20 keystream of stream ``(key, counter, substream)``: ``n_bytes`` bytes."""
+    if not 0 <= n_bytes <= _MAX_STREAM_BYTES:
+        raise PrivacyError(f"a stream holds at most 2^38 bytes; asked for {n_bytes}")
+    enc = Cipher(algorithms.ChaCha20(_check_key(key), _nonce(counter, substream)), mode=None)
+    return enc.encryptor().update(bytes(n_bytes))
+
+
+def uniforms_to_normals(words: torch.Tensor, size: int) -> torch.Tensor:
+    """Box-Muller on rows of 64-bit words (..., 2m) -> float64 normals (..., size), size <= 2m.
+
+    ``words`` is an int64 tensor holding the little-endian uint64 keystream words; it is consumed
+    (overwritten in place). With k = w mod 2^52 the word is mapped exactly to the double
+    f = 1 + k 2^-52 in [1, 2) by setting the exponent bits; the first half of a row gives
+    u1 = 2 - f in (0, 1] (radius sqrt(-2 ln u1)), the second half u2 = f - 1 in [0, 1)
+    (angle 2 pi u2). Output j < m is r_j cos(angle_j), output m + j is r_j sin(angle_j).
+    """
+    half = words.shape[-1] // 2
+    floats = words.bitwise_and_(_LOW52).bitwise_or_(_ONE_BITS).view(torch.float64)
+    radius = torch.sub(2.0, floats[..., :half]).log_().mul_(-2.0).sqrt_()
+    theta = floats[..., half:].sub_(1.0).mul_(2.0 * math.pi)
+    torch.cos(theta, out=floats[..., :half]).mul_(radius)
+    theta.sin_().mul_(radius)
+    return floats[..., :size]
+
+
+_SIGMA_WORDS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
+
+if triton is not None:
+    # ChaCha20 keystream on CUDA: the RFC 8439 block function, as OpenSSL computes it (tests check
+    # the two bit for bit). One program writes BLOCK consecutive 64-byte blocks of one stream.
+
+    @triton.jit
+    def _rotl(x, r):
+        return (x << r) | (x >> (32 - r))
+
+    @triton.jit
+    def _quarter(a, b, c, d):
+        a = a + b
+        d = _rotl(d ^ a, 16)
+        c = c + d
+        b = _rotl(b ^ c, 12)
+        a = a + b
+        d = _rotl(d ^ a, 8)
+        c = c + d
+        b = _rotl(b ^ c, 7)
+        return a, b, c, d
+
+    @triton.jit
+    def _chacha20_kernel(state_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):
+        stream = tl.program_id(1)
+        block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = block < n_blocks
+        base = state_ptr + stream * 16  # per-stream initial state words 0..15 (word 12 = 0)
+        zero = tl.zeros([BLOCK], dtype=tl.uint32)
+        s0 = tl.load(base + 0).to(tl.uint32, bitcast=True) + zero
+        s1 = tl.load(base + 1).to(tl.uint32, bitcast=True) + zero
+        s2 = tl.load(base + 2).to(tl.uint32, bitcast=True) + zero
+        s3 = tl.load(base + 3).to(tl.uint32, bitcast=True) + zero
+        s4 = tl.load(base + 4).to(tl.uint32, bitcast=True) + zero
+        s5 = tl.load(base + 5).to(tl.uint32, bitcast=True) + zero
+        s6 = tl.load(base + 6).to(tl.uint32, bitcast=True) + zero
+        s7 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
+        s8 = tl.load(base + 8).to(tl.uint32, bitcast=True) + zero
+        s9 = tl.load(base + 9).to(tl.uint32, bitcast=True) + zero
+        s10 = tl.load(base + 10).to(tl.uint32, bitcast=True) + zero
+        s11 = tl.load(base + 11).to(tl.uint32, bitcast=True) + zero
+        s12 = block.to(tl.uint32)
+        s13 = tl.load(base + 13).to(tl.uint32, bitcast=True) + zero
+        s14 = tl.load(base + 14).to(tl.uint32, bitcast=True) + zero
+        s15 = tl.load(base + 15).to(tl.uint32, bitcast=True) + zero
+        x0, x1, x2, x3, x4, x5, x6, x7 = s0, s1, s2, s3, s4, s5, s6, s7
+        x8, x9, x10, x11, x12, x13, x14, x15 = s8, s9, s10, s11, s12, s13, s14, s15
+        for _ in range(10):
+            x0, x4, x8, x12 = _quarter(x0, x4, x8, x12)
+            x1, x5, x9, x13 = _quarter(x1, x5, x9, x13)
+            x2, x6, x10, x14 = _quarter(x2, x6, x10, x14)
+            x3, x7, x11, x15 = _quarter(x3, x7, x11, x15)
+            x0, x5, x10, x15 = _quarter(x0, x5, x10, x15)
+            x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
+            x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
+            x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
+        out = out_ptr + stream.to(tl.int64) * n_blocks * 16 + block * 16
+        tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 2, (x2 + s2).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 3, (x3 + s3).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 4, (x4 + s4).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 5, (x5 + s5).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 6, (x6 + s6).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 7, (x7 + s7).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 8, (x8 + s8).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 9, (x9 + s9).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 10, (x10 + s10).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 11, (x11 + s11).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 12, (x12 + s12).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 13, (x13 + s13).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 14, (x14 + s14).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 15, (x15 + s15).to(tl.int32, bitcast=True), mask=inside)
+
+
+def _triton_chacha20_kernel() -> Any:
+    """The CUDA keystream kernel, or None where Triton is not installed."""
+    return None if triton is None else _chacha20_kernel
+
+
+def _chacha20_words_cuda(
+    keys: Sequence[bytes], nonce: bytes, n_words: int, device: torch.device, kernel: Any
+) -> torch.Tensor:
+    """Keystream words (len(keys), n_words) as int64, generated on the GPU."""
+    n_blocks = (n_words + 7) // 8
+    nonce_words = np.frombuffer(nonce[4:], dtype="<u4")
+    state = np.empty((len(keys), 16), dtype=np.uint32)
+    state[:, 0:4] = _SIGMA_WORDS
+    state[:, 4:12] = np.frombuffer(b"".join(keys), dtype="<u4").reshape(len(keys), 8)
+    state[:, 12] = 0
+    state[:, 13:16] = nonce_words
+    state_gpu = torch.from_numpy(state.view(np.int32)).to(device)
+    out = torch.empty((len(keys), n_blocks * 16), dtype=torch.int32, device=device)
+    block = 256
+    grid = (-(-n_blocks // block), len(keys))
+    kernel[grid](state_gpu, out, n_blocks, BLOCK=block)
+    return out.view(torch.int64)[:, :n_words]
+
+
+def _chacha20_normals(
+    keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
+) -> torch.Tensor:
+    n_pairs = (size + 1) // 2
+    n_bytes = 16 * n_pairs
+    if n_bytes > _MAX_STREAM_BYTES:
+        raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
+    nonce = _nonce(counter, substream)
+    on_gpu = device.type == "cuda" and keys and n_pairs < 2**29  # 32-bit offsets in a row
+    kernel = _triton_chacha20_kernel() if on_gpu else None
+    if kernel is not None:
+        checked = [_check_key(key) for key in keys]
+        words = _chacha20_words_cuda(checked, nonce, 2 * n_pairs, device, kernel)
+        return uniforms_to_normals(words, size)
+    zeros = bytes(n_bytes)
+    buffer = bytearray(max(len(keys) * n_bytes, 8))
+    view = memoryview(buffer)
+    checked = [_check_key(key) for key in keys]
+
+    def fill(k: int) -> None:  # one OpenSSL call per stream, into its own slice of the buffer
+        encryptor = Cipher(algorithms.ChaCha20(checked[k], nonce), mode=None).encryptor()
+        encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
+
+    workers = min(len(keys), _MAX_WORKERS, os.cpu_count() or 1)
+    if workers > 1 and len(buffer) >= _PARALLEL_BYTES:  # OpenSSL releases the GIL
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(fill, range(len(keys))))
+    else:
+        for k in range(len(keys)):
+            fill(k)
+    words = torch.frombuffer(buffer, dtype=torch.int64)[: len(keys) * 2 * n_pairs]
+    if sys.byteorder != "little":  # the keystream words are defined as little-endian
+        words = torch.from_numpy(words.numpy().byteswap())
+    words = words.reshape(len(keys), 2 * n_pairs).to(device)  # Box-Muller runs where the data goes
+    return uniforms_to_normals(words, size)
+
+
+def _torch_seed(key: bytes, counter: int, substream: int) -> int:
+    digest = hashlib.sha256(
+        _TORCH_SEED_LABEL + _check_key(key) + _nonce(counter, substream)[4:]
+    ).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _torch_normals(
+    keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
+) -> torch.Tensor:
+    out = torch.empty((len(keys), size), dtype=torch.float64, device=device)
+    generator = torch.Generator(device=device)
+    for k, key in enumerate(keys):
+        generator.manual_seed(_torch_seed(key, counter, substream))
+        torch.randn(size, generator=generator, dtype=torch.float64, out=out[k])
+    return out
+
+
+def normal_streams(
+    keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    substream: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    backend: NormalBackend = "chacha20",
+) -> torch.Tensor:
+    """Standard-normal rows, row k a pure function of ``(keys[k], counter, substream)``.
+
+    DECOR Alg 1 line 3 draws v_ij^(t) fresh at every t; use the iteration t as ``counter`` and the
+    agreed edge secret (or a node's private noise key) as the stream key. ``substream`` separates
+    several independent draws within one step (e.g. chunks). Values are computed in float64 and
+    then cast to ``dtype``. ``"chacha20"``: the keystream is made by OpenSSL on the CPU (threads
+    for large requests) or, on CUDA with Triton installed, by a fused kernel on the GPU (the same
+    bits); Box-Muller runs on ``device``. CPU and CUDA results agree to a few ulps (their libm
+    differ) and are bit-identical on one device. ``"torch"``: the generator lives on ``device`` (CPU: Mersenne Twister; CUDA:
+    Philox), so CPU and CUDA values differ entirely.
+
+    Returns a tensor of shape ``(len(keys), size)``.
+    """
+    if size < 0:
+        raise PrivacyError(f"size must be >= 0; got {size}")
+    device = torch.device(device)
+    if backend == "chacha20":
+        rows = _chacha20_normals(keys, counter, size, substream, device)
+    elif backend == "torch":
+        rows = _torch_normals(keys, counter, size, substream, device)
+    else:
+        raise PrivacyError(f"unknown normal-stream backend {backend!r}; use 'chacha20' or 'torch'")
+    return rows.to(dtype=dtype, device=device)

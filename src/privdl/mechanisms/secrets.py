@@ -1,0 +1,331 @@
+"""Per-edge secrets for DECOR: X25519 key agreement + HKDF-SHA256 (paper s.2; spec decor.md s.1.2, s.2.1).
+
+DECOR assumes that every edge {i, j} shares a secret seed S_ij known to i and j only, "agreed once
+with one round of encrypted communication" (paper s.2, as in secure aggregation). This module is
+that round: every node makes an X25519 key pair, publishes its public key through a
+:class:`KeyTransport`, collects its neighbours' public keys, and derives for each incident edge the
+32-byte edge secret
+
+    secret_e = HKDF-SHA256(ikm = X25519(sk_i, pk_j), salt = none, length = 32,
+                           info = label || u || v || pk_u || pk_v || session_id)
+
+with e = {u, v}, u < v (see docs/secrets.md for the exact byte layout). Both endpoints compute the
+same value; only public keys cross the transport. The edge secret is the stream key of the edge's
+correlated-noise stream (:func:`privdl.mechanisms.correlated.correlated_noise`).
+
+The single-process simulator runs the very same code with :class:`LocalKeyTransport`; a distributed
+run plugs a transport over its communicator into the same :func:`agree_edge_secrets` call, for the
+nodes that process owns.
+
+Threat model note: the exchange is unauthenticated Diffie-Hellman, which protects against the
+passive adversaries of the paper (external eavesdropper, honest-but-curious users). An active
+man-in-the-middle needs authenticated public keys (e.g. signed by a PKI), which is out of scope.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from privdl.errors import GraphError, PrivacyError
+
+__all__ = [
+    "EDGE_SECRET_LABEL",
+    "EdgeSecrets",
+    "KeyTransport",
+    "LocalKeyTransport",
+    "agree_edge_secrets",
+    "as_edge_array",
+    "node_noise_keys",
+]
+
+EDGE_SECRET_LABEL = b"privdl/decor/edge-secret/v1"
+_NODE_KEY_LABEL = b"privdl/insecure-simulation/x25519-private-key/v1"
+_NODE_NOISE_LABEL = b"privdl/insecure-simulation/node-noise-key/v1"
+_SECRET_FILE_SUFFIX = ".secrets.json"
+
+
+def as_edge_array(edges: Any, n_nodes: int | None = None) -> np.ndarray:
+    """Validate an undirected edge list as an (E, 2) int64 array with u < v, no duplicates."""
+    array = np.asarray(edges, dtype=np.int64) if len(edges) else np.zeros((0, 2), np.int64)
+    if array.ndim != 2 or array.shape[1] != 2:
+        raise GraphError(f"edges must have shape (E, 2); got {array.shape}")
+    if np.any(array[:, 0] >= array[:, 1]):
+        raise GraphError("each edge (u, v) must satisfy u < v (no self-loops, sorted endpoints)")
+    if np.any(array < 0) or (n_nodes is not None and np.any(array >= n_nodes)):
+        raise GraphError(f"edge endpoints must lie in [0, {n_nodes}); check the node numbering")
+    if len(np.unique(array, axis=0)) != len(array):
+        raise GraphError("edges contain duplicates; list each undirected edge once")
+    return array
+
+
+def _seed_bytes(seed: int | bytes) -> bytes:
+    if isinstance(seed, bytes):
+        return seed
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+        return str(seed).encode("ascii")
+    raise PrivacyError(f"seed must be a non-negative int or bytes; got {seed!r}")
+
+
+def _hkdf(ikm: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(ikm)
+
+
+def _node_id(node: int) -> bytes:
+    return int(node).to_bytes(8, "big")
+
+
+def _public_bytes(private_key: X25519PrivateKey) -> bytes:
+    return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _private_key(node: int, seed: int | bytes | None, session_id: bytes) -> X25519PrivateKey:
+    """OS randomness by default; with ``seed`` a deterministic key (INSECURE, simulation only)."""
+    if seed is None:
+        return X25519PrivateKey.generate()
+    info = _NODE_KEY_LABEL + b"|node|" + _node_id(node) + b"|session|" + session_id
+    return X25519PrivateKey.from_private_bytes(_hkdf(_seed_bytes(seed), info))
+
+
+def edge_info(u: int, v: int, public_u: bytes, public_v: bytes, session_id: bytes) -> bytes:
+    """HKDF ``info`` binding the protocol label, the sorted endpoints, both public keys, the run."""
+    return (
+        EDGE_SECRET_LABEL
+        + b"|edge|"
+        + _node_id(u)
+        + _node_id(v)
+        + b"|keys|"
+        + public_u
+        + public_v
+        + b"|session|"
+        + session_id
+    )
+
+
+@runtime_checkable
+class KeyTransport(Protocol):
+    """Carries public keys between neighbours; nothing else may cross it.
+
+    ``publish`` is called for every node a process owns before any ``collect``; ``collect`` returns
+    the public keys of the node's neighbours (blocking, in a distributed transport, until they
+    arrived).
+    """
+
+    def publish(self, node: int, public_bytes: bytes) -> None: ...
+
+    def collect(self, node: int) -> Mapping[int, bytes]: ...
+
+
+class LocalKeyTransport:
+    """In-process transport for the simulator. Records everything it carries in ``carried``."""
+
+    def __init__(self, edges: Any, n_nodes: int) -> None:
+        array = as_edge_array(edges, n_nodes)
+        self.neighbours: dict[int, list[int]] = {i: [] for i in range(n_nodes)}
+        for u, v in array.tolist():
+            self.neighbours[u].append(v)
+            self.neighbours[v].append(u)
+        self._board: dict[int, bytes] = {}
+        self.carried: list[tuple[str, int, int, bytes]] = []  # (kind, from, to, payload)
+
+    def publish(self, node: int, public_bytes: bytes) -> None:
+        self._board[node] = bytes(public_bytes)
+        self.carried.append(("publish", node, -1, bytes(public_bytes)))
+
+    def collect(self, node: int) -> dict[int, bytes]:
+        missing = [j for j in self.neighbours[node] if j not in self._board]
+        if missing:
+            raise PrivacyError(f"node {node}: neighbours {missing} have not published a public key")
+        out = {j: self._board[j] for j in self.neighbours[node]}
+        self.carried.extend(("deliver", j, node, key) for j, key in out.items())
+        return out
+
+
+class EdgeSecrets:
+    """The edge secrets a process knows: ``secret(e)`` for every edge incident to its nodes.
+
+    Secrets never appear in ``repr``/``str`` and the object refuses to be pickled; save them
+    explicitly with :meth:`save` (a file whose name ends in ``.secrets.json``) or re-derive them
+    with :func:`agree_edge_secrets` from the same (seed, topology, session_id).
+    """
+
+    __slots__ = ("_secrets", "edges", "n_nodes", "nodes", "public_keys", "session_id")
+
+    def __init__(
+        self,
+        *,
+        edges: np.ndarray,
+        n_nodes: int,
+        nodes: Sequence[int],
+        secrets: Mapping[int, bytes],
+        public_keys: Mapping[int, bytes],
+        session_id: bytes,
+    ) -> None:
+        self.edges = as_edge_array(edges, n_nodes)
+        self.n_nodes = n_nodes
+        self.nodes = tuple(int(i) for i in nodes)
+        self._secrets = dict(secrets)
+        self.public_keys = dict(public_keys)
+        self.session_id = session_id
+
+    def __repr__(self) -> str:
+        return (
+            f"EdgeSecrets(n_nodes={self.n_nodes}, edges={len(self.edges)}, "
+            f"known={len(self._secrets)}, session_id={self.session_id!r}, secrets=<hidden>)"
+        )
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "EdgeSecrets are not picklable; use EdgeSecrets.save (a .secrets.json file)"
+        )
+
+    def __deepcopy__(self, memo: dict) -> EdgeSecrets:
+        return self  # immutable by convention
+
+    def __len__(self) -> int:
+        return len(self._secrets)
+
+    def secret(self, edge_index: int) -> bytes:
+        """The 32-byte secret of edge ``edges[edge_index]``; PrivacyError if this process lacks it."""
+        try:
+            return self._secrets[edge_index]
+        except KeyError:
+            u, v = self.edges[edge_index].tolist()
+            raise PrivacyError(f"edge ({u}, {v}) is not incident to a node owned here") from None
+
+    def edge_keys(self) -> list[bytes | None]:
+        """Stream keys aligned with ``edges`` (None for edges not incident to owned nodes)."""
+        return [self._secrets.get(e) for e in range(len(self.edges))]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the secrets (hex) to ``path``, which must end in ``.secrets.json``; mode 0600."""
+        path = Path(path)
+        if not path.name.endswith(_SECRET_FILE_SUFFIX):
+            raise PrivacyError(f"secret files must be named '*{_SECRET_FILE_SUFFIX}'; got {path}")
+        payload = {
+            "format": "privdl-edge-secrets/v1",
+            "n_nodes": self.n_nodes,
+            "edges": self.edges.tolist(),
+            "nodes": list(self.nodes),
+            "session_id": self.session_id.hex(),
+            "public_keys": {str(i): key.hex() for i, key in self.public_keys.items()},
+            "secrets": {str(e): s.hex() for e, s in self._secrets.items()},
+        }
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> EdgeSecrets:
+        """Read a file written by :meth:`save`."""
+        try:
+            payload = json.loads(Path(path).read_text())
+            if payload.get("format") != "privdl-edge-secrets/v1":
+                raise ValueError("unknown format")
+            return cls(
+                edges=np.asarray(payload["edges"], dtype=np.int64).reshape(-1, 2),
+                n_nodes=int(payload["n_nodes"]),
+                nodes=payload["nodes"],
+                secrets={int(e): bytes.fromhex(s) for e, s in payload["secrets"].items()},
+                public_keys={int(i): bytes.fromhex(k) for i, k in payload["public_keys"].items()},
+                session_id=bytes.fromhex(payload["session_id"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PrivacyError(f"cannot read edge secrets from {path}: {exc}") from None
+
+
+def agree_edge_secrets(
+    edges: Any,
+    n_nodes: int,
+    *,
+    transport: KeyTransport | None = None,
+    nodes: Iterable[int] | None = None,
+    seed: int | bytes | None = None,
+    session_id: bytes | str = b"",
+) -> EdgeSecrets:
+    """Run DECOR's one-round secret setup (paper s.2; spec s.2.1) for the nodes owned here.
+
+    Every owned node makes an X25519 key pair (OS randomness, or derived from ``seed`` -- INSECURE,
+    for reproducible simulation only: anyone who knows the seed knows every secret), publishes its
+    public key on ``transport`` (default: a fresh :class:`LocalKeyTransport` over all nodes),
+    collects its neighbours' keys and derives one HKDF-SHA256 secret per incident edge. When both
+    endpoints of an edge are owned here, their independently derived secrets are checked to agree.
+    Private keys are discarded on return.
+    """
+    array = as_edge_array(edges, n_nodes)
+    session = session_id.encode() if isinstance(session_id, str) else bytes(session_id)
+    owned = sorted(set(range(n_nodes) if nodes is None else (int(i) for i in nodes)))
+    if any(not 0 <= i < n_nodes for i in owned):
+        raise GraphError(f"owned nodes must lie in [0, {n_nodes})")
+    if transport is None:
+        if nodes is not None and len(owned) < n_nodes:
+            raise PrivacyError("a process owning a shard of nodes must pass its key transport")
+        transport = LocalKeyTransport(array, n_nodes)
+    private = {i: _private_key(i, seed, session) for i in owned}
+    public = {i: _public_bytes(key) for i, key in private.items()}
+    for i in owned:
+        transport.publish(i, public[i])
+    all_public = dict(public)
+    secrets: dict[int, bytes] = {}
+    owned_set = set(owned)
+    incident: dict[int, list[int]] = {i: [] for i in owned}
+    for e, (u, v) in enumerate(array.tolist()):
+        for end in (u, v):
+            if end in owned_set:
+                incident[end].append(e)
+    for i in owned:
+        received = transport.collect(i)
+        for e in incident[i]:
+            u, v = array[e].tolist()
+            j = v if i == u else u
+            if j not in received:
+                raise PrivacyError(f"node {i}: no public key received from neighbour {j}")
+            all_public.setdefault(j, bytes(received[j]))
+            try:
+                shared = private[i].exchange(X25519PublicKey.from_public_bytes(received[j]))
+            except ValueError as exc:
+                raise PrivacyError(f"node {i}: invalid public key from node {j}: {exc}") from None
+            key_u = public[i] if i == u else bytes(received[j])
+            key_v = public[i] if i == v else bytes(received[j])
+            secret = _hkdf(shared, edge_info(u, v, key_u, key_v, session))
+            if e in secrets and secrets[e] != secret:
+                raise PrivacyError(f"edge ({u}, {v}): endpoints derived different secrets")
+            secrets[e] = secret
+    return EdgeSecrets(
+        edges=array,
+        n_nodes=n_nodes,
+        nodes=owned,
+        secrets=secrets,
+        public_keys=all_public,
+        session_id=session,
+    )
+
+
+def node_noise_keys(
+    nodes: Iterable[int], *, seed: int | bytes | None = None, session_id: bytes | str = b""
+) -> list[bytes]:
+    """Private 32-byte stream keys for each node's independent noise vbar_i (Alg 1 line 3).
+
+    Without ``seed``: OS randomness. With ``seed``: HKDF of the seed and the node id (INSECURE,
+    reproducible simulation only), so a node's key does not depend on which process owns it.
+    """
+    session = session_id.encode() if isinstance(session_id, str) else bytes(session_id)
+    if seed is None:
+        return [os.urandom(32) for _ in nodes]
+    base = _seed_bytes(seed)
+    return [
+        _hkdf(base, _NODE_NOISE_LABEL + b"|node|" + _node_id(i) + b"|session|" + session)
+        for i in nodes
+    ]
