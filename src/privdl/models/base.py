@@ -1,0 +1,280 @@
+"""Models whose parameters are stacked over nodes.
+
+Every parameter tensor carries a leading dimension ``n`` (the nodes this process owns), so one
+batched kernel serves all nodes (DESIGN.md, "Node state"). Models are pure functions of a parameter
+dict: ``forward(params, x)`` with ``x`` of shape ``(n, B, *in_shape)``.
+
+:class:`SequentialModel` is a chain of :class:`Layer` objects. The per-sample-gradient engine
+recognises its :class:`Linear` and :class:`Conv2d` layers and computes per-sample gradient norms
+from their activations and output gradients ("ghost clipping"), without materialising every
+per-sample gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privdl.errors import ConfigError
+
+ParamShapes = dict[str, tuple[int, ...]]
+InitFn = Callable[[torch.Generator, torch.dtype, torch.device], dict[str, Tensor]]
+
+
+class StackedModel(ABC):
+    """A model whose parameters have a leading node dimension ``n``."""
+
+    name: str = "model"
+    in_shape: tuple[int, ...] = ()
+    out_shape: tuple[int, ...] = ()
+
+    @abstractmethod
+    def param_shapes(self) -> ParamShapes:
+        """Per-node parameter shapes, in the order of ``torch.nn.Module.parameters()``."""
+
+    @abstractmethod
+    def _init_one(
+        self, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, Tensor]:
+        """One node's freshly initialised parameters (no node dimension)."""
+
+    @abstractmethod
+    def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """``x`` of shape ``(n, B, *in_shape)`` to outputs ``(n, B, *out_shape)``."""
+
+    def num_parameters(self) -> int:
+        """Number of parameters of one node (the model dimension ``d`` / ``p`` of the papers)."""
+        return sum(math.prod(s) for s in self.param_shapes().values())
+
+    def init(
+        self,
+        *,
+        n_nodes: int,
+        generator: torch.Generator,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        same_init: bool = True,
+    ) -> dict[str, Tensor]:
+        """Stacked initial parameters, each of shape ``(n_nodes, *shape)``.
+
+        ``same_init=True`` gives every node the same draw (all papers start every node from the
+        same ``x^0``); otherwise node ``i`` gets the ``i``-th consecutive draw from ``generator``.
+        """
+        if n_nodes < 1:
+            raise ConfigError(f"n_nodes must be >= 1, got {n_nodes}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ConfigError(f"dtype must be float32 or float64, got {dtype}")
+        device = torch.device(device)
+        gen_device = generator.device
+        draws = 1 if same_init else n_nodes
+        per_node = [self._init_one(generator, dtype, gen_device) for _ in range(draws)]
+        out: dict[str, Tensor] = {}
+        for key in self.param_shapes():
+            if same_init:
+                stacked = per_node[0][key].unsqueeze(0).expand(n_nodes, *per_node[0][key].shape)
+            else:
+                stacked = torch.stack([p[key] for p in per_node])
+            out[key] = stacked.to(device).contiguous()
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Layers
+
+
+class Layer:
+    """A stacked layer: ``forward(params, a)`` with ``a`` of shape ``(n, B, ...)``."""
+
+    def param_shapes(self) -> ParamShapes:
+        return {}
+
+    def init(
+        self, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, Tensor]:
+        return {}
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_shape
+
+    def forward(self, params: dict[str, Tensor], a: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+def _uniform(shape: Sequence[int], bound: float, gen, dtype, device) -> Tensor:
+    return (torch.rand(tuple(shape), generator=gen, dtype=dtype, device=device) * 2 - 1) * bound
+
+
+class Linear(Layer):
+    """``z = a W^T + b`` with ``W`` of shape ``(n, out, in)``; torch's default init
+    (uniform on ``+-1/sqrt(in)`` for weight and bias)."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True) -> None:
+        self.in_features, self.out_features, self.bias = in_features, out_features, bias
+
+    def param_shapes(self) -> ParamShapes:
+        shapes: ParamShapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias:
+            shapes["bias"] = (self.out_features,)
+        return shapes
+
+    def init(self, generator, dtype, device):
+        bound = 1.0 / math.sqrt(self.in_features)
+        return {
+            k: _uniform(s, bound, generator, dtype, device) for k, s in self.param_shapes().items()
+        }
+
+    def out_shape(self, in_shape):
+        return (self.out_features,)
+
+    def forward(self, params, a):
+        w = params["weight"].transpose(1, 2)
+        if "bias" in params:
+            return torch.baddbmm(params["bias"].unsqueeze(1), a, w)
+        return torch.bmm(a, w)
+
+
+class Conv2d(Layer):
+    """Square-kernel 2-D convolution over stacked nodes, as one grouped convolution.
+
+    Weight ``(n, out, in, k, k)``; torch's default init (uniform on ``+-1/sqrt(in k^2)``).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = True,
+    ) -> None:
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding, self.bias = kernel_size, stride, padding, bias
+
+    def param_shapes(self) -> ParamShapes:
+        k = self.kernel_size
+        shapes: ParamShapes = {"weight": (self.out_channels, self.in_channels, k, k)}
+        if self.bias:
+            shapes["bias"] = (self.out_channels,)
+        return shapes
+
+    def init(self, generator, dtype, device):
+        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**2)
+        return {
+            k: _uniform(s, bound, generator, dtype, device) for k, s in self.param_shapes().items()
+        }
+
+    def out_shape(self, in_shape):
+        _, h, w = in_shape
+        k, s, p = self.kernel_size, self.stride, self.padding
+        return (self.out_channels, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
+
+    def forward(self, params, a):
+        z = stacked_conv2d(
+            a, params["weight"], params.get("bias"), stride=self.stride, padding=self.padding
+        )
+        return z
+
+
+def stacked_conv2d(
+    a: Tensor, weight: Tensor, bias: Tensor | None, *, stride: int, padding: int
+) -> Tensor:
+    """Convolution of ``a (n, B, C, H, W)`` with per-node ``weight (n, O, C, k, k)``, one launch."""
+    n, b = a.shape[:2]
+    x = a.transpose(0, 1).reshape(b, n * a.shape[2], *a.shape[3:])
+    w = weight.reshape(n * weight.shape[1], *weight.shape[2:])
+    bb = None if bias is None else bias.reshape(-1)
+    z = F.conv2d(x, w, bb, stride=stride, padding=padding, groups=n)
+    return z.reshape(b, n, weight.shape[1], *z.shape[2:]).transpose(0, 1)
+
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+class Activation(Layer):
+    """Elementwise activation (relu, sigmoid, tanh)."""
+
+    def __init__(self, name: str) -> None:
+        if name not in _ACTIVATIONS:
+            raise ConfigError(f"unknown activation {name!r}; choose from {sorted(_ACTIVATIONS)}")
+        self.name = name
+        self.fn = _ACTIVATIONS[name]
+
+    def forward(self, params, a):
+        return self.fn(a)
+
+
+class MaxPool2d(Layer):
+    """``kernel_size`` x ``kernel_size`` max pooling with stride ``kernel_size``."""
+
+    def __init__(self, kernel_size: int) -> None:
+        self.kernel_size = kernel_size
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        return (c, h // self.kernel_size, w // self.kernel_size)
+
+    def forward(self, params, a):
+        n, b = a.shape[:2]
+        z = F.max_pool2d(a.reshape(n * b, *a.shape[2:]), self.kernel_size)
+        return z.reshape(n, b, *z.shape[1:])
+
+
+class Flatten(Layer):
+    """Flatten each sample (C, H, W) to C*H*W, in torch's ``nn.Flatten`` order."""
+
+    def out_shape(self, in_shape):
+        return (math.prod(in_shape),)
+
+    def forward(self, params, a):
+        return a.reshape(*a.shape[:2], -1)
+
+
+class SequentialModel(StackedModel):
+    """A chain of stacked layers; parameter names are ``"<layer name>.<weight|bias>"``."""
+
+    def __init__(
+        self, name: str, in_shape: tuple[int, ...], layers: Sequence[tuple[str, Layer]]
+    ) -> None:
+        self.name = name
+        self.in_shape = tuple(in_shape)
+        self.layers = list(layers)
+        shape = self.in_shape
+        for _, layer in self.layers:
+            shape = layer.out_shape(shape)
+        self.out_shape = shape
+
+    def param_shapes(self) -> ParamShapes:
+        return {
+            f"{lname}.{k}": s
+            for lname, layer in self.layers
+            for k, s in layer.param_shapes().items()
+        }
+
+    def _init_one(self, generator, dtype, device):
+        out: dict[str, Tensor] = {}
+        for lname, layer in self.layers:
+            for k, v in layer.init(generator, dtype, device).items():
+                out[f"{lname}.{k}"] = v
+        return out
+
+    def layer_params(
+        self, params: dict[str, Tensor], lname: str, layer: Layer
+    ) -> dict[str, Tensor]:
+        return {k: params[f"{lname}.{k}"] for k in layer.param_shapes()}
+
+    def forward(self, params, x):
+        a = x
+        for lname, layer in self.layers:
+            a = layer.forward(self.layer_params(params, lname, layer), a)
+        return a
