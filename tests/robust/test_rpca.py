@@ -1,0 +1,119 @@
+"""Robust PCA (Principal Component Pursuit) against planted decompositions and pure noise."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from privdl.errors import ConfigError
+from privdl.robust.rpca import (
+    RPCANotConvergedWarning,
+    principal_component_pursuit,
+    shrink,
+    svt,
+)
+
+
+def _planted(n1: int, n2: int, rank: int, frac: float, seed: int, dtype=torch.float64):
+    """Candès et al. Section 4 model: L0 = X Y^T, X, Y ~ N(0, 1/n1); S0 = +-1 on a random support."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n1, rank, generator=g, dtype=dtype) / n1**0.5
+    Y = torch.randn(n2, rank, generator=g, dtype=dtype) / n1**0.5
+    support = torch.rand(n1, n2, generator=g) < frac
+    signs = torch.where(torch.rand(n1, n2, generator=g) < 0.5, -1.0, 1.0).to(dtype)
+    return X @ Y.T, torch.where(support, signs, torch.zeros_like(signs))
+
+
+@pytest.mark.parametrize(
+    "n1,n2,rank,method",
+    [(100, 100, 5, "ialm"), (100, 100, 5, "admm"), (400, 40, 1, "ialm")],
+)
+def test_recovers_planted_low_rank_plus_sparse(n1, n2, rank, method) -> None:
+    """Exact recovery regime (low rank, 5% gross corruptions): rel. error <= 1e-3, true rank."""
+    L0, S0 = _planted(n1, n2, rank, 0.05, seed=n1 + rank)
+    out = principal_component_pursuit(L0 + S0, method=method)
+    assert out.converged and out.residual <= 1e-7
+    assert (torch.linalg.norm(out.low_rank - L0) / torch.linalg.norm(L0)).item() < 1e-3
+    assert (torch.linalg.norm(out.sparse - S0) / torch.linalg.norm(S0)).item() < 1e-3
+    assert torch.linalg.matrix_rank(out.low_rank, rtol=1e-6).item() == rank
+
+
+def test_float32_recovery() -> None:
+    L0, S0 = _planted(100, 100, 5, 0.05, seed=3, dtype=torch.float32)
+    out = principal_component_pursuit(L0 + S0, tol=1e-5)
+    assert out.low_rank.dtype == torch.float32 and out.converged
+    assert (torch.linalg.norm(out.low_rank - L0) / torch.linalg.norm(L0)).item() < 1e-3
+
+
+def test_operators_against_numpy() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 7, generator=g, dtype=torch.float64)
+    xn = x.numpy()
+    np.testing.assert_allclose(
+        shrink(x, 0.3).numpy(), np.sign(xn) * np.maximum(np.abs(xn) - 0.3, 0)
+    )
+    u, s, vt = np.linalg.svd(xn, full_matrices=False)
+    np.testing.assert_allclose(svt(x, 1.0).numpy(), (u * np.maximum(s - 1.0, 0)) @ vt, atol=1e-12)
+    assert svt(x, 1e6).abs().max() == 0
+
+
+def test_cap_hit_warns_and_reports() -> None:
+    L0, S0 = _planted(100, 100, 5, 0.05, seed=1)
+    with pytest.warns(RPCANotConvergedWarning):
+        out = principal_component_pursuit(L0 + S0, max_iter=3)
+    assert not out.converged and out.iterations == 3 and out.residual > 1e-7
+
+
+def test_no_warning_when_converged() -> None:
+    L0, S0 = _planted(100, 100, 5, 0.05, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = principal_component_pursuit(L0 + S0)
+    assert out.converged
+
+
+def test_dual_tolerance_exposes_ialm_early_feasibility() -> None:
+    """On pure noise, inexact ALM's mu growth reaches L + S = M long before the optimum: the
+    primal test passes, the dual-residual test does not (and the cap warning fires)."""
+    g = torch.Generator().manual_seed(4)
+    M = torch.randn(1000, 10, generator=g, dtype=torch.float64)
+    assert principal_component_pursuit(M, method="ialm").converged
+    with pytest.warns(RPCANotConvergedWarning):
+        out = principal_component_pursuit(M, method="ialm", dual_tol=1e-5, max_iter=200)
+    assert not out.converged
+
+
+def test_scale_equivariance() -> None:
+    """PCP is positively homogeneous: PCP(aM) = a PCP(M) with Candès' mu and relative tol."""
+    L0, S0 = _planted(150, 30, 1, 0.05, seed=5)
+    a = principal_component_pursuit(L0 + S0, method="admm")
+    b = principal_component_pursuit(7.5 * (L0 + S0), method="admm")
+    torch.testing.assert_close(b.sparse, 7.5 * a.sparse, rtol=1e-6, atol=1e-9)
+
+
+def test_zero_matrix_and_bad_input() -> None:
+    out = principal_component_pursuit(torch.zeros(5, 3))
+    assert out.converged and out.low_rank.abs().sum() == 0
+    for bad in (
+        torch.zeros(5),
+        torch.ones(3, 3, dtype=torch.int64),
+        torch.full((2, 2), float("nan")),
+    ):
+        with pytest.raises(ConfigError):
+            principal_component_pursuit(bad)
+    with pytest.raises(ConfigError):
+        principal_component_pursuit(torch.ones(3, 3), method="svd")
+    with pytest.raises(ConfigError):
+        principal_component_pursuit(torch.ones(3, 3), preset="nope")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    L0, S0 = _planted(300, 30, 1, 0.05, seed=7)
+    cpu = principal_component_pursuit(L0 + S0)
+    gpu = principal_component_pursuit((L0 + S0).cuda())
+    torch.testing.assert_close(gpu.low_rank.cpu(), cpu.low_rank, rtol=1e-6, atol=1e-8)
