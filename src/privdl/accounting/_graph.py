@@ -1,0 +1,72 @@
+"""Graph helpers for the SecRDP accountant: validated edge arrays and induced Laplacians.
+
+The accountant needs the Laplacian of the INDUCED subgraph G[H] left after deleting the colluders
+(DECOR spec s.4.2): degrees are recomputed inside G[H]. It is not the principal sub-block of L(G).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+
+from privdl.errors import GraphError
+
+
+def edge_array(graph: nx.Graph) -> tuple[int, np.ndarray]:
+    """Return ``(n, edges)`` for an undirected graph with nodes ``0..n-1``; edges is ``(m, 2)``.
+
+    Accepts a ``networkx.Graph`` or any object with a ``.graph`` attribute holding one (the
+    platform's Topology objects).
+    """
+    if not isinstance(graph, nx.Graph) and isinstance(getattr(graph, "graph", None), nx.Graph):
+        graph = graph.graph
+    if not isinstance(graph, nx.Graph):
+        raise GraphError(f"expected a networkx.Graph, got {type(graph).__name__}")
+    if graph.is_directed():
+        raise GraphError("the SecRDP accountant needs an undirected graph")
+    n = graph.number_of_nodes()
+    if n == 0:
+        raise GraphError("the graph has no nodes")
+    if set(graph.nodes) != set(range(n)):
+        raise GraphError("graph nodes must be the integers 0..n-1")
+    if nx.number_of_selfloops(graph) > 0:
+        raise GraphError("the graph has self-loops")
+    edges = np.asarray(list(graph.edges()), dtype=np.int64).reshape(-1, 2)
+    return n, edges
+
+
+def laplacian(n: int, edges: np.ndarray, keep: np.ndarray | None = None) -> sp.csr_matrix:
+    """Laplacian of the graph induced on ``keep`` (a boolean mask; None = all nodes).
+
+    Nodes are relabelled to ``0..|keep|-1`` in increasing order. Edges with an endpoint outside
+    ``keep`` are dropped, so the degrees are those of G[H] (spec s.4.2).
+    """
+    if keep is None:
+        keep = np.ones(n, dtype=bool)
+    new_id = np.cumsum(keep) - 1
+    mask = keep[edges[:, 0]] & keep[edges[:, 1]] if len(edges) else np.zeros(0, dtype=bool)
+    u = new_id[edges[mask, 0]]
+    v = new_id[edges[mask, 1]]
+    h = int(keep.sum())
+    adj = sp.coo_matrix((np.ones(len(u)), (u, v)), shape=(h, h))
+    adj = (adj + adj.T).tocsr()
+    deg = np.asarray(adj.sum(axis=1)).ravel()
+    return (sp.diags(deg) - adj).tocsr()
+
+
+def neighbour_lists(n: int, edges: np.ndarray) -> list[np.ndarray]:
+    """Sorted neighbour arrays of every node."""
+    adj = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    adj = (adj + adj.T).tocsr()
+    adj.sort_indices()
+    return [adj.indices[adj.indptr[i] : adj.indptr[i + 1]] for i in range(n)]
+
+
+def algebraic_connectivity(lap: sp.spmatrix) -> float:
+    """Second-smallest Laplacian eigenvalue a(G) (0 for a disconnected graph, 0 for one node)."""
+    h = lap.shape[0]
+    if h <= 1:
+        return 0.0
+    eig = np.linalg.eigvalsh(lap.toarray())
+    return float(max(eig[1], 0.0))

@@ -1,0 +1,163 @@
+"""Noise calibration for DECOR (spec s.4.5): find sigma_cor for a target (eps, delta).
+
+For fixed sigma_cdp, Alg 2/3 is non-increasing in sigma_cor, so a bisection on log(sigma_cor)
+finds the smallest sigma_cor (to relative ``rtol``) with achieved eps <= target. Unlike the
+official code (which accepts an overshoot of 1e-4 absolute per step, giving e.g. 8.14 for a
+target of 7), the returned value is always on the conservative side.
+
+The admissible sigma_cdp range is (sigma_cdp_min, sigma_ldp]: at sigma_cdp >= sigma_ldp no
+correlated noise is needed (sigma_cor = 0); at or below sigma_cdp_min even sigma_cor -> infinity
+does not reach the target (sigma_cdp_min = sigma_ldp / sqrt(smallest component of G[H]), the CDP
+level sigma_ldp/sqrt(n) on a connected graph with q = 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import networkx as nx
+
+from privdl.accounting.conversion import compose_convert, step_rdp_for_epsilon
+from privdl.accounting.secrdp import (
+    MAX_SUBSETS,
+    cdp_limit_step_rdp,
+    decor_step_rdp,
+    parse_adversary,
+)
+from privdl.errors import PrivacyError
+
+
+@dataclass(frozen=True)
+class DecorCalibration:
+    """Result of :func:`calibrate_sigma_cor`."""
+
+    sigma_cor: float
+    sigma_cdp: float
+    epsilon_target: float
+    epsilon_achieved: float
+    delta: float
+    steps: int
+    step_rdp: float
+    step_rdp_target: float
+    sigma_cdp_min: float
+    sigma_cdp_max: float
+    adversary: str
+    conversion: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def sigma_cdp_range(
+    graph: nx.Graph,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    clip: float = 1.0,
+    adversary: str = "eavesdropper",
+    conversion: str = "classic",
+    max_subsets: int = MAX_SUBSETS,
+    force: bool = False,
+) -> tuple[float, float]:
+    """(sigma_cdp_min, sigma_ldp): sigma_cor exists iff sigma_cdp_min < sigma_cdp.
+
+    sigma_ldp = C sqrt(2/eps_iter) with eps_iter from (ACC-2) (or the chosen conversion).
+    """
+    rho = step_rdp_for_epsilon(epsilon, steps=steps, delta=delta, conversion=conversion)
+    sigma_ldp = clip * math.sqrt(2.0 / rho)
+    limit_at_one = cdp_limit_step_rdp(
+        graph, sigma_cdp=1.0, clip=clip, adversary=adversary, max_subsets=max_subsets, force=force
+    )
+    # limit(s) = limit_at_one / s^2 <= rho  <=>  s >= sqrt(limit_at_one / rho)
+    return math.sqrt(limit_at_one / rho), sigma_ldp
+
+
+def calibrate_sigma_cor(
+    graph: nx.Graph,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sigma_cdp: float,
+    clip: float = 1.0,
+    adversary: str = "eavesdropper",
+    conversion: str = "classic",
+    rtol: float = 1e-6,
+    max_subsets: int = MAX_SUBSETS,
+    force: bool = False,
+) -> DecorCalibration:
+    """Smallest sigma_cor (to relative ``rtol``) such that DECOR is (eps, delta)-SecLDP.
+
+    Raises :class:`PrivacyError` if ``sigma_cdp`` is outside the admissible range.
+    """
+    if epsilon <= 0:
+        raise PrivacyError(f"epsilon must be > 0, got {epsilon}")
+    adv = parse_adversary(adversary)
+    lo_cdp, hi_cdp = sigma_cdp_range(
+        graph,
+        epsilon=epsilon,
+        delta=delta,
+        steps=steps,
+        clip=clip,
+        adversary=adv,
+        conversion=conversion,
+        max_subsets=max_subsets,
+        force=force,
+    )
+    rho = step_rdp_for_epsilon(epsilon, steps=steps, delta=delta, conversion=conversion)
+
+    def step(c: float) -> float:
+        return decor_step_rdp(
+            graph,
+            sigma_cdp=sigma_cdp,
+            sigma_cor=c,
+            clip=clip,
+            adversary=adv,
+            max_subsets=max_subsets,
+            force=force,
+        ).step_rdp
+
+    def eps_of(s: float) -> float:
+        return compose_convert(s, steps=steps, delta=delta, conversion=conversion)
+
+    if sigma_cdp <= lo_cdp:
+        raise PrivacyError(
+            f"sigma_cdp = {sigma_cdp:.6g} is too small: no sigma_cor reaches epsilon {epsilon} "
+            f"(need sigma_cdp > {lo_cdp:.6g}; LDP level {hi_cdp:.6g})"
+        )
+    if eps_of(step(0.0)) <= epsilon:
+        c, s = 0.0, step(0.0)
+    else:
+        hi = max(sigma_cdp, 1e-12)
+        while eps_of(step(hi)) > epsilon:
+            hi *= 4.0
+            if hi > 1e12 * sigma_cdp:
+                raise PrivacyError("sigma_cor search diverged; sigma_cdp is too close to its limit")
+        lo = hi / 4.0
+        while eps_of(step(lo)) <= epsilon and lo > 1e-12 * sigma_cdp:
+            lo, hi = lo / 4.0, lo
+        while hi / lo - 1.0 > rtol:
+            mid = math.sqrt(lo * hi)
+            if eps_of(step(mid)) <= epsilon:
+                hi = mid
+            else:
+                lo = mid
+        c, s = hi, step(hi)
+    return DecorCalibration(
+        sigma_cor=float(c),
+        sigma_cdp=float(sigma_cdp),
+        epsilon_target=float(epsilon),
+        epsilon_achieved=float(eps_of(s)),
+        delta=float(delta),
+        steps=int(steps),
+        step_rdp=float(s),
+        step_rdp_target=float(rho),
+        sigma_cdp_min=float(lo_cdp),
+        sigma_cdp_max=float(hi_cdp),
+        adversary=adv.label,
+        conversion=conversion,
+    )

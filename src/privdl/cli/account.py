@@ -1,0 +1,433 @@
+"""``privdl account``, ``privdl calibrate`` and ``privdl plan``: privacy accounting commands.
+
+Every epsilon printed carries its label (accountant, delta, neighbouring, unit, threat model).
+``--json`` prints one JSON object; otherwise a short readable table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from typing import Any
+
+import click
+
+from privdl.errors import PrivacyError
+
+
+def _graph(spec: str) -> Any:
+    from privdl.topology import parse_graph
+
+    return parse_graph(spec).graph
+
+
+def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, default=_json_default, allow_nan=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True)
+    table.add_column("quantity")
+    table.add_column("value")
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            continue
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        table.add_row(str(key), str(value))
+    Console().print(table)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, tuple):
+        return list(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise PrivacyError(f"{name} must be {bound}, got {value}")
+
+
+def _run_with_warnings(fn: Any) -> tuple[Any, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [str(w.message) for w in caught]
+
+
+# --------------------------------------------------------------------------- account
+@click.group()
+def account() -> None:
+    """Privacy accounting: what (epsilon, delta) does a deployment give?"""
+
+
+@account.command("decor")
+@click.option("--graph", "graph_spec", required=True, help="ring:16, torus:4x4, ... or edge file.")
+@click.option("--sigma-cdp", type=float, required=True, help="Std of the independent noise.")
+@click.option("--sigma-cor", type=float, required=True, help="Std of the correlated noise.")
+@click.option("--clip", type=float, default=1.0, show_default=True, help="Clipping threshold C.")
+@click.option("--steps", type=int, required=True, help="Number of iterations T.")
+@click.option("--delta", type=float, required=True)
+@click.option(
+    "--adversary",
+    default="eavesdropper",
+    show_default=True,
+    help="eavesdropper | curious | collusion:Q | ldp",
+)
+@click.option(
+    "--conversion",
+    default=None,
+    help="user level: classic (default) | improved | gaussian; example level: "
+    "rdp (default) | pld | classic | legacy-uncomposed",
+)
+@click.option("--sampling-rate", type=float, default=None, help="Example level: b/m.")
+@click.option("--batch-size", type=int, default=None, help="Example level: batch size b.")
+@click.option(
+    "--sampling",
+    type=click.Choice(["fixed_size", "poisson"]),
+    default="fixed_size",
+    show_default=True,
+)
+@click.option(
+    "--neighbouring",
+    type=click.Choice(["replace_one", "add_remove"]),
+    default="replace_one",
+    show_default=True,
+)
+@click.option("--bound/--no-bound", default=False, help="Also report the Theorem 1/6 bound.")
+@click.option("--max-subsets", type=int, default=100_000, show_default=True)
+@click.option("--force", is_flag=True, help="Enumerate more colluding sets than --max-subsets.")
+@click.option("--json", "as_json", is_flag=True)
+def account_decor_cmd(
+    graph_spec: str,
+    sigma_cdp: float,
+    sigma_cor: float,
+    clip: float,
+    steps: int,
+    delta: float,
+    adversary: str,
+    conversion: str | None,
+    sampling_rate: float | None,
+    batch_size: int | None,
+    sampling: str,
+    neighbouring: str,
+    bound: bool,
+    max_subsets: int,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """(eps, delta)-SecLDP of DECOR (Alg 2/3 + composition + conversion)."""
+    from privdl.accounting import account_decor
+
+    _positive("--sigma-cdp", sigma_cdp)
+    _positive("--sigma-cor", sigma_cor, allow_zero=True)
+    _positive("--clip", clip)
+    graph = _graph(graph_spec)
+    result, warns = _run_with_warnings(
+        lambda: account_decor(
+            graph,
+            sigma_cdp=sigma_cdp,
+            sigma_cor=sigma_cor,
+            clip=clip,
+            steps=steps,
+            delta=delta,
+            adversary=adversary,
+            conversion=conversion,
+            sampling_rate=sampling_rate,
+            batch_size=batch_size,
+            sampling=sampling,
+            neighbouring=neighbouring,
+            with_bound=bound,
+            max_subsets=max_subsets,
+            force=force,
+        )
+    )
+    out = {**result.to_dict(), "graph": graph_spec, "warnings": warns}
+    for w in warns:
+        click.echo(f"warning: {w}", err=True)
+    _emit(out, as_json, "DECOR privacy")
+
+
+@account.command("dpsgd")
+@click.option("--noise-multiplier", type=float, required=True)
+@click.option("--sampling-rate", type=float, required=True)
+@click.option("--steps", type=int, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@click.option(
+    "--sampling",
+    type=click.Choice(["poisson", "fixed_size", "none"]),
+    default="poisson",
+    show_default=True,
+)
+@click.option(
+    "--neighbouring",
+    type=click.Choice(["add_remove", "replace_one"]),
+    default="add_remove",
+    show_default=True,
+)
+@click.option("--dataset-size", type=int, default=None, help="Needed for fixed_size sampling.")
+@click.option("--json", "as_json", is_flag=True)
+def account_dpsgd_cmd(
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str,
+    sampling: str,
+    neighbouring: str,
+    dataset_size: int | None,
+    as_json: bool,
+) -> None:
+    """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian (dp-accounting)."""
+    from privdl.accounting import dpsgd_budget
+
+    budget = dpsgd_budget(
+        noise_multiplier=noise_multiplier,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+        sampling=sampling,
+        neighbouring=neighbouring,
+        dataset_size=dataset_size,
+    )
+    out = {
+        **budget.to_dict(),
+        "noise_multiplier": noise_multiplier,
+        "sampling_rate": sampling_rate,
+        "steps": steps,
+        "label": budget.label(),
+    }
+    _emit(out, as_json, "DP-SGD privacy")
+
+
+# --------------------------------------------------------------------------- calibrate
+@click.group()
+def calibrate() -> None:
+    """Noise calibration: what noise reaches a target (epsilon, delta)?"""
+
+
+@calibrate.command("decor")
+@click.option("--graph", "graph_spec", required=True)
+@click.option("--epsilon", type=float, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--steps", type=int, required=True)
+@click.option("--clip", type=float, default=1.0, show_default=True)
+@click.option("--sigma-cdp", type=float, required=True)
+@click.option("--adversary", default="eavesdropper", show_default=True)
+@click.option(
+    "--conversion",
+    type=click.Choice(["classic", "improved", "gaussian"]),
+    default="classic",
+    show_default=True,
+)
+@click.option("--rtol", type=float, default=1e-6, show_default=True)
+@click.option("--max-subsets", type=int, default=100_000, show_default=True)
+@click.option("--force", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+def calibrate_decor_cmd(
+    graph_spec: str,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    clip: float,
+    sigma_cdp: float,
+    adversary: str,
+    conversion: str,
+    rtol: float,
+    max_subsets: int,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Smallest sigma_cor with achieved epsilon <= target (conservative log-bisection)."""
+    from privdl.accounting import calibrate_sigma_cor
+
+    _positive("--sigma-cdp", sigma_cdp)
+    _positive("--epsilon", epsilon)
+    _positive("--clip", clip)
+    graph = _graph(graph_spec)
+    result, warns = _run_with_warnings(
+        lambda: calibrate_sigma_cor(
+            graph,
+            epsilon=epsilon,
+            delta=delta,
+            steps=steps,
+            sigma_cdp=sigma_cdp,
+            clip=clip,
+            adversary=adversary,
+            conversion=conversion,
+            rtol=rtol,
+            max_subsets=max_subsets,
+            force=force,
+        )
+    )
+    out = {**result.to_dict(), "graph": graph_spec, "warnings": warns}
+    _emit(out, as_json, "DECOR calibration")
+
+
+@calibrate.command("dpsgd")
+@click.option("--epsilon", type=float, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--sampling-rate", type=float, required=True)
+@click.option("--steps", type=int, required=True)
+@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def calibrate_dpsgd_cmd(
+    epsilon: float, delta: float, sampling_rate: float, steps: int, accountant: str, as_json: bool
+) -> None:
+    """Smallest noise multiplier for a target epsilon (Poisson, add/remove)."""
+    from privdl.accounting import calibrate_noise_multiplier, dpsgd_budget
+
+    z = calibrate_noise_multiplier(
+        target_epsilon=epsilon,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+    )
+    budget = dpsgd_budget(
+        noise_multiplier=z,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+    )
+    out = {
+        "noise_multiplier": z,
+        "epsilon_target": epsilon,
+        "epsilon_achieved": budget.epsilon,
+        "delta": delta,
+        "accountant": accountant,
+        "budget": budget.to_dict(),
+    }
+    _emit(out, as_json, "DP-SGD calibration")
+
+
+# --------------------------------------------------------------------------- plan (nominal)
+@click.group()
+def plan() -> None:
+    """The papers' closed-form noise formulas (nominal) and the epsilon they really give."""
+
+
+@plan.command("privsgp")
+@click.option("--gradient-bound", "G", type=float, required=True, help="G (sensitivity 3G).")
+@click.option("--steps", type=int, default=None, help="K; omit to use Corollary 1's K*.")
+@click.option("--local-samples", "J", type=int, required=True)
+@click.option("--epsilon", type=float, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--c2", type=float, default=1.0, show_default=True)
+@click.option("--A", "A", type=float, default=None, help="Cor 1 constant A (for K*).")
+@click.option("--nodes", type=int, default=None)
+@click.option("--smoothness", type=float, default=None)
+@click.option("--dim", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def plan_privsgp_cmd(
+    G: float,
+    steps: int | None,
+    J: int,
+    epsilon: float,
+    delta: float,
+    c2: float,
+    A: float | None,
+    nodes: int | None,
+    smoothness: float | None,
+    dim: int | None,
+    as_json: bool,
+) -> None:
+    """PrivSGP-VR Theorem 2 sigma_i (and Corollary 1 K*, U* with uniform budgets)."""
+    from privdl.accounting import privsgp_optimal_steps, privsgp_plan
+
+    extra: dict[str, Any] = {}
+    if steps is None:
+        if None in (A, nodes, smoothness, dim):
+            raise PrivacyError("give --steps, or --A --nodes --smoothness --dim for K*")
+        k_star, u_star = privsgp_optimal_steps(
+            A=A,
+            local_samples=J,
+            n=nodes,
+            smoothness=smoothness,
+            dim=dim,
+            gradient_bound=G,
+            epsilons=[epsilon] * nodes,
+            deltas=[delta] * nodes,
+            c2=c2,
+        )
+        extra = {"K_star": k_star, "utility_star": u_star}
+        steps = max(1, round(k_star))
+    result = privsgp_plan(
+        gradient_bound=G, steps=steps, local_samples=J, epsilon=epsilon, delta=delta, c2=c2
+    )
+    _emit({**result.to_dict(), "steps": steps, **extra}, as_json, "PrivSGP-VR (nominal)")
+
+
+@plan.command("porter")
+@click.option("--tau", type=float, required=True, help="Clipping threshold.")
+@click.option("--steps", type=int, required=True)
+@click.option("--local-samples", "m", type=int, required=True)
+@click.option("--epsilon", type=float, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--c", type=float, default=1.0, show_default=True)
+@click.option("--dim", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def plan_porter_cmd(
+    tau: float,
+    steps: int,
+    m: int,
+    epsilon: float,
+    delta: float,
+    c: float,
+    dim: int | None,
+    as_json: bool,
+) -> None:
+    """PORTER-DP Theorem 1 sigma_p."""
+    from privdl.accounting import porter_plan
+
+    result = porter_plan(
+        tau=tau, steps=steps, delta=delta, local_samples=m, epsilon=epsilon, c=c, dim=dim
+    )
+    _emit(result.to_dict(), as_json, "PORTER-DP (nominal)")
+
+
+@plan.command("robust-hdp")
+@click.option("--epsilon", type=float, required=True)
+@click.option("--delta", type=float, required=True)
+@click.option("--batch-size", type=int, required=True)
+@click.option("--dataset-size", type=int, required=True)
+@click.option("--local-epochs", type=int, default=1, show_default=True)
+@click.option("--rounds", type=int, default=200, show_default=True)
+@click.option("--no-round", is_flag=True, help="Do not round z to 2 decimals.")
+@click.option("--json", "as_json", is_flag=True)
+def plan_robust_hdp_cmd(
+    epsilon: float,
+    delta: float,
+    batch_size: int,
+    dataset_size: int,
+    local_epochs: int,
+    rounds: int,
+    no_round: bool,
+    as_json: bool,
+) -> None:
+    """Robust-HDP reference-code z_i (bisection, 2-decimal rounding)."""
+    from privdl.accounting import robust_hdp_plan
+
+    result = robust_hdp_plan(
+        epsilon=epsilon,
+        delta=delta,
+        batch_size=batch_size,
+        dataset_size=dataset_size,
+        local_epochs=local_epochs,
+        rounds=rounds,
+        round_to=None if no_round else 2,
+    )
+    _emit(result.to_dict(), as_json, "Robust-HDP (nominal)")

@@ -1,0 +1,159 @@
+"""PrivacyBudget labels/validation, event -> dp-accounting mapping, DECOR example-level path."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting as dpa
+import networkx as nx
+import pytest
+
+from privdl.accounting import (
+    DecorStepEvent,
+    PrivacyBudget,
+    SubsampledGaussianEvent,
+    account_decor,
+    decor_step_rdp,
+    event_epsilon,
+)
+from privdl.errors import PrivacyError
+
+
+def test_budget_validation_and_label():
+    b = PrivacyBudget(
+        epsilon=1.2345,
+        delta=1e-5,
+        accountant="pld",
+        neighbouring="add_remove",
+        unit="example",
+        threat_model="server",
+    )
+    assert "pld" in b.label() and "1.234" in b.label() and "NOMINAL" not in b.label()
+    assert json.loads(json.dumps(b.to_dict()))["epsilon"] == 1.2345
+    nom = PrivacyBudget(
+        epsilon=3,
+        delta=1e-5,
+        accountant="nominal:x",
+        neighbouring="replace_one",
+        unit="user",
+        threat_model="curious",
+        nominal=True,
+    )
+    assert nom.label().startswith("NOMINAL")
+    for kw in (
+        {"delta": 0.0},
+        {"delta": 1.0},
+        {"epsilon": -1.0},
+        {"unit": "record"},
+        {"neighbouring": "swap"},
+    ):
+        args = (
+            dict(
+                epsilon=1.0,
+                delta=1e-5,
+                accountant="rdp",
+                neighbouring="add_remove",
+                unit="example",
+                threat_model="server",
+            )
+            | kw
+        )
+        with pytest.raises(PrivacyError):
+            PrivacyBudget(**args)
+
+
+def test_event_mapping():
+    ev = SubsampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.1, steps=5)
+    assert ev.to_dp_event() == dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(2.0)), 5
+    )
+    ev = SubsampledGaussianEvent(
+        noise_multiplier=2.0,
+        sampling_rate=0.1,
+        steps=5,
+        sampling="fixed_size",
+        dataset_size=300,
+        neighbouring="replace_one",
+    )
+    assert ev.to_dp_event() == dpa.SelfComposedDpEvent(
+        dpa.SampledWithoutReplacementDpEvent(300, 30, dpa.GaussianDpEvent(2.0)), 5
+    )
+    with pytest.raises(PrivacyError, match="dataset size"):
+        SubsampledGaussianEvent(
+            noise_multiplier=1, sampling_rate=0.1, steps=1, sampling="fixed_size"
+        )
+
+
+def test_decor_equivalent_gaussian():
+    """Whitened reduction: a DECOR step is a Gaussian with z = 1/sqrt(2 eps_step) (replace-one)."""
+    ev = DecorStepEvent(step_rdp=0.02, steps=10, threat_model="eavesdropper")
+    assert ev.noise_multiplier() == pytest.approx(5.0)
+    assert ev.noise_multiplier("add_remove") == pytest.approx(10.0)
+    # unsampled: dp-accounting's RDP of the equivalent Gaussian is alpha * T * eps_step
+    acc = dpa.rdp.RdpAccountant(orders=[2.0, 8.0])
+    acc.compose(ev.as_gaussian().to_dp_event())
+    assert list(acc._rdp) == pytest.approx([2 * 10 * 0.02, 8 * 10 * 0.02])
+
+
+def test_account_decor_example_level():
+    ring = nx.cycle_graph(16)
+    kw = dict(
+        sigma_cdp=0.005,
+        sigma_cor=0.1,
+        clip=1.0,
+        steps=1000,
+        delta=1e-5,
+        sampling_rate=64 / 3750,
+        batch_size=64,
+    )
+    legacy = account_decor(ring, conversion="legacy-uncomposed", **kw)
+    assert legacy.epsilon == pytest.approx(0.00758, abs=1e-5)
+    assert legacy.budget.nominal and "NOT a DP guarantee" in legacy.budget.notes
+    classic = account_decor(ring, conversion="classic", **kw)
+    assert classic.epsilon == pytest.approx(19.1, abs=0.05)
+    rdp_acc = account_decor(ring, **kw)
+    assert rdp_acc.conversion == "rdp" and rdp_acc.budget.unit == "example"
+    assert rdp_acc.epsilon < classic.epsilon
+    # the per-step slope is Alg 2 with C replaced by C / b
+    assert rdp_acc.step_rdp == pytest.approx(
+        decor_step_rdp(ring, sigma_cdp=0.005, sigma_cor=0.1, clip=1 / 64).step_rdp
+    )
+    pois = account_decor(ring, sampling="poisson", neighbouring="add_remove", **kw)
+    direct = event_epsilon(
+        SubsampledGaussianEvent(
+            noise_multiplier=2 / math.sqrt(2 * rdp_acc.step_rdp),
+            sampling_rate=64 / 3750,
+            steps=1000,
+        ),
+        delta=1e-5,
+    )
+    assert pois.epsilon == pytest.approx(direct, rel=1e-12)
+    with pytest.raises(PrivacyError, match="fixed_size"):
+        account_decor(ring, conversion="classic", sampling="poisson", **kw)
+    with pytest.raises(PrivacyError, match="batch"):
+        account_decor(ring, sigma_cdp=1, sigma_cor=1, steps=10, delta=1e-5, sampling_rate=0.1)
+
+
+def test_account_decor_user_level_conversions_ordered():
+    ring = nx.cycle_graph(16)
+    eps = {
+        c: account_decor(
+            ring, sigma_cdp=20, sigma_cor=50, steps=1000, delta=1e-5, conversion=c
+        ).epsilon
+        for c in ("classic", "improved", "gaussian")
+    }
+    assert eps["gaussian"] < eps["improved"] < eps["classic"]
+    res = account_decor(
+        ring,
+        sigma_cdp=20,
+        sigma_cor=50,
+        steps=1000,
+        delta=1e-5,
+        adversary="curious",
+        with_bound=True,
+    )
+    assert res.theorem_step_rdp >= res.step_rdp
+    d = res.to_dict()
+    for key in ("epsilon", "delta", "step_rdp", "adversary", "conversion", "method"):
+        assert key in d

@@ -1,0 +1,296 @@
+"""``privdl account / calibrate / plan`` through privdl.cli.main.main (exit codes, JSON keys)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privdl.cli.main import main
+
+
+def run_json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+DECOR = [
+    "account",
+    "decor",
+    "--graph",
+    "ring:16",
+    "--sigma-cdp",
+    "22.96953176771683",
+    "--sigma-cor",
+    "94",
+    "--steps",
+    "3500",
+    "--delta",
+    "1e-5",
+]
+
+
+def test_account_decor_json(capsys):
+    out = run_json(capsys, [*DECOR, "--json"])
+    for key in ("epsilon", "delta", "step_rdp", "adversary", "conversion", "method"):
+        assert key in out
+    assert out["epsilon"] == pytest.approx(10.45968939494, rel=1e-10)  # spec s.8.3
+    assert out["step_rdp"] == pytest.approx(4.787248702488e-04, rel=1e-10)
+    assert out["adversary"] == "eavesdropper" and out["conversion"] == "classic"
+
+
+def test_account_decor_curious_and_table(capsys):
+    out = run_json(
+        capsys,
+        [
+            "account",
+            "decor",
+            "--graph",
+            "ring:16",
+            "--sigma-cdp",
+            "1",
+            "--sigma-cor",
+            "10",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+            "--adversary",
+            "curious",
+            "--json",
+        ],
+    )
+    assert out["step_rdp"] == pytest.approx(0.211261896999, rel=1e-10)
+    assert main(DECOR) == 0
+    assert "epsilon" in capsys.readouterr().out
+
+
+def test_account_decor_example_level(capsys):
+    out = run_json(
+        capsys,
+        [
+            "account",
+            "decor",
+            "--graph",
+            "ring:16",
+            "--sigma-cdp",
+            "0.005",
+            "--sigma-cor",
+            "0.1",
+            "--steps",
+            "1000",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            str(64 / 3750),
+            "--batch-size",
+            "64",
+            "--conversion",
+            "legacy-uncomposed",
+            "--json",
+        ],
+    )
+    assert out["epsilon"] == pytest.approx(0.00758, abs=1e-5)
+    assert out["budget"]["nominal"] is True
+
+
+def test_account_dpsgd(capsys):
+    base = [
+        "account",
+        "dpsgd",
+        "--noise-multiplier",
+        "1.5",
+        "--sampling-rate",
+        "0.04",
+        "--steps",
+        "2250",
+        "--delta",
+        "1e-5",
+        "--json",
+    ]
+    assert run_json(capsys, base)["epsilon"] == pytest.approx(7.329, abs=1e-3)
+    assert run_json(capsys, [*base, "--accountant", "pld"])["epsilon"] == pytest.approx(
+        6.769, abs=1e-3
+    )
+
+
+def test_calibrate_decor(capsys):
+    out = run_json(
+        capsys,
+        [
+            "calibrate",
+            "decor",
+            "--graph",
+            "ring:16",
+            "--epsilon",
+            "5",
+            "--delta",
+            "1e-5",
+            "--steps",
+            "1000",
+            "--sigma-cdp",
+            "41.68",
+            "--json",
+        ],
+    )
+    assert out["epsilon_achieved"] <= 5.0
+    assert out["epsilon_achieved"] == pytest.approx(5.0, rel=1e-4)
+    check = run_json(
+        capsys,
+        [
+            "account",
+            "decor",
+            "--graph",
+            "ring:16",
+            "--sigma-cdp",
+            "41.68",
+            "--sigma-cor",
+            repr(out["sigma_cor"]),
+            "--steps",
+            "1000",
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+    )
+    assert check["epsilon"] == pytest.approx(out["epsilon_achieved"], rel=1e-12)
+
+
+def test_plan_commands(capsys):
+    out = run_json(
+        capsys,
+        [
+            "plan",
+            "privsgp",
+            "--gradient-bound",
+            "10",
+            "--steps",
+            "3120",
+            "--local-samples",
+            "3125",
+            "--epsilon",
+            "3",
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+    )
+    assert out["sigma"] == pytest.approx(0.60651, rel=3e-4)
+    assert out["nominal"]["nominal"] is True and out["epsilon_accounted"] > 3
+    out = run_json(
+        capsys,
+        [
+            "plan",
+            "porter",
+            "--tau",
+            "1",
+            "--steps",
+            "1000",
+            "--local-samples",
+            "3256",
+            "--epsilon",
+            "0.01",
+            "--delta",
+            "1e-3",
+            "--json",
+        ],
+    )
+    assert out["sigma_p"] == pytest.approx(2.5526, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--sigma-cdp", "0"],
+        ["--sigma-cdp", "-1"],
+        ["--delta", "1.5"],
+        ["--delta", "0"],
+        ["--adversary", "collusion:16"],
+        ["--adversary", "robot"],
+        ["--sigma-cor", "-2"],
+    ],
+)
+def test_bad_input_exit_2(capsys, extra):
+    argv = list(DECOR)
+    for flag, value in zip(extra[::2], extra[1::2], strict=False):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", ["0 0\n0 1\n", "0 1\n1 0\n", "0 1\n1 x\n", "0 1.5\n"])
+def test_bad_edge_lists_exit_2(tmp_path, capsys, content):
+    path = tmp_path / "edges.txt"
+    path.write_text(content)
+    argv = [
+        "account",
+        "decor",
+        "--graph",
+        str(path),
+        "--sigma-cdp",
+        "1",
+        "--sigma-cor",
+        "1",
+        "--steps",
+        "10",
+        "--delta",
+        "1e-5",
+        "--json",
+    ]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("error:")
+
+
+def test_edge_list_file(tmp_path, capsys):
+    path = tmp_path / "k2.txt"
+    path.write_text("0 1\n")
+    out = run_json(
+        capsys,
+        [
+            "account",
+            "decor",
+            "--graph",
+            str(path),
+            "--sigma-cdp",
+            "1",
+            "--sigma-cor",
+            "2",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+    )
+    assert out["step_rdp"] == pytest.approx(10 / 9, rel=1e-13)
+
+
+def test_collusion_limit_needs_force(capsys):
+    argv = [
+        "account",
+        "decor",
+        "--graph",
+        "ring:12",
+        "--sigma-cdp",
+        "1",
+        "--sigma-cor",
+        "1",
+        "--steps",
+        "1",
+        "--delta",
+        "1e-5",
+        "--adversary",
+        "collusion:3",
+        "--max-subsets",
+        "10",
+        "--json",
+    ]
+    assert main(argv) == 2
+    assert "force" in capsys.readouterr().err
+    assert run_json(capsys, [*argv, "--force"])["step_rdp"] == pytest.approx(2.0)
