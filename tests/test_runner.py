@@ -10,16 +10,32 @@ from privdl.errors import ConfigError, PrivdlError
 from privdl.records import RunRecords
 from privdl.runner import resume, train
 
-LS = dict(task="least-squares", graph="ring:8", steps=60, lr=0.01, clip=1.0, clip_mode="batch_mean",
-          eval_every=20, dtype="float64")
+LS = dict(
+    task="least-squares",
+    graph="ring:8",
+    steps=60,
+    lr=0.01,
+    clip=1.0,
+    clip_mode="batch_mean",
+    eval_every=20,
+    dtype="float64",
+)
 
 
 def test_records_layout_and_privacy_label(tmp_path):
     cfg = make_config({**LS, "algorithm": "ldp", "epsilon": 5.0, "delta": 1e-5})
     summary = train(cfg, tmp_path / "r", progress=False)
     files = {p.name for p in (tmp_path / "r").iterdir()}
-    assert {"config.json", "environment.json", "metrics.jsonl", "summary.json", "checkpoint.pt"} <= files
-    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert {
+        "config.json",
+        "environment.json",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoint.pt",
+    } <= files
+    rows = [
+        json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [0, 20, 40, 60]
     eps = [r["privacy"]["epsilon"] for r in rows]
     assert eps[0] == 0 and all(a < b for a, b in zip(eps, eps[1:], strict=False))
@@ -95,9 +111,14 @@ def test_inconsistent_configs(tmp_path, values, msg):
 
 @pytest.mark.parametrize(
     ("values", "msg"),
-    [({"bogus": 1}, "unknown config key"), ({"lr": -1.0}, "lr"), ({"steps": 0}, "steps"),
-     ({"delta": 2.0}, "delta"), ({"partition": "dirichlet:-1"}, "partition"),
-     ({"clip": float("nan")}, "clip")],
+    [
+        ({"bogus": 1}, "unknown config key"),
+        ({"lr": -1.0}, "lr"),
+        ({"steps": 0}, "steps"),
+        ({"delta": 2.0}, "delta"),
+        ({"partition": "dirichlet:-1"}, "partition"),
+        ({"clip": float("nan")}, "clip"),
+    ],
 )
 def test_config_validation(values, msg):
     with pytest.raises(ConfigError, match=msg):

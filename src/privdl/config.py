@@ -7,10 +7,10 @@ Unknown keys are errors (pydantic ``extra="forbid"``); every validation failure 
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from privdl.errors import ConfigError
@@ -25,9 +25,9 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     algorithm: Literal["dsgd", "ldp", "decor", "cdp"] = "dsgd"
-    task: Literal["least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10"] = (
-        "a9a"
-    )
+    task: Literal[
+        "least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10"
+    ] = "a9a"
     model: str | None = None
     graph: str = "ring:16"
     mixing: Literal["decor", "metropolis", "max-degree", "average"] = "metropolis"

@@ -20,7 +20,11 @@ DEFAULT_DELTA = 1e-5
 
 
 def _unit(cfg, task) -> str:
-    if cfg.clip_mode == "per_sample" and getattr(task, "kind", "") == "supervised" and cfg.sampling != "full":
+    if (
+        cfg.clip_mode == "per_sample"
+        and getattr(task, "kind", "") == "supervised"
+        and cfg.sampling != "full"
+    ):
         return "example"
     return "user"
 
@@ -53,11 +57,15 @@ def step_rdp(cfg, topo, task, *, sigma: float, sigma_cor: float) -> float:
         return 2.0 * c * c / (topo.n * sigma * sigma)
     adversary = "ldp" if cfg.algorithm == "ldp" else cfg.adversary
     return float(
-        decor_step_rdp(topo.graph, sigma_cdp=sigma, sigma_cor=sigma_cor, clip=c, adversary=adversary).step_rdp
+        decor_step_rdp(
+            topo.graph, sigma_cdp=sigma, sigma_cor=sigma_cor, clip=c, adversary=adversary
+        ).step_rdp
     )
 
 
-def spent(cfg, topo, task, *, sigma: float, sigma_cor: float) -> Callable[[int], dict[str, Any] | None]:
+def spent(
+    cfg, topo, task, *, sigma: float, sigma_cor: float
+) -> Callable[[int], dict[str, Any] | None]:
     """``t -> labelled (epsilon, delta)`` after ``t`` steps (``None`` for a non-private run)."""
     from privdl.accounting.budget import PrivacyBudget
     from privdl.accounting.conversion import compose_convert
@@ -72,12 +80,21 @@ def spent(cfg, topo, task, *, sigma: float, sigma_cor: float) -> Callable[[int],
     rho = step_rdp(cfg, topo, task, sigma=sigma, sigma_cor=sigma_cor)
 
     if unit == "user":
+
         def at(t: int) -> dict[str, Any]:
-            eps = 0.0 if t == 0 else compose_convert(rho, steps=t, delta=delta, conversion="classic")
+            eps = (
+                0.0 if t == 0 else compose_convert(rho, steps=t, delta=delta, conversion="classic")
+            )
             return PrivacyBudget(
-                epsilon=eps, delta=delta, accountant="secrdp+classic", neighbouring="replace_one",
-                unit="user", threat_model=threat, notes=f"step_rdp={rho:.6g}",
+                epsilon=eps,
+                delta=delta,
+                accountant="secrdp+classic",
+                neighbouring="replace_one",
+                unit="user",
+                threat_model=threat,
+                notes=f"step_rdp={rho:.6g}",
             ).to_dict()
+
         return at
 
     sampling, neighbouring, rate, m = _sampling(cfg, task)
@@ -86,12 +103,22 @@ def spent(cfg, topo, task, *, sigma: float, sigma_cor: float) -> Callable[[int],
         if t == 0:
             eps = 0.0
         else:
-            ev = DecorStepEvent(step_rdp=rho, steps=t, threat_model=threat, sampling_rate=rate,
-                                sampling=sampling, dataset_size=m)
+            ev = DecorStepEvent(
+                step_rdp=rho,
+                steps=t,
+                threat_model=threat,
+                sampling_rate=rate,
+                sampling=sampling,
+                dataset_size=m,
+            )
             eps = event_epsilon(ev.as_gaussian(neighbouring), delta=delta, accountant="rdp")
         return PrivacyBudget(
-            epsilon=eps, delta=delta, accountant="secrdp+rdp-subsampled", neighbouring=neighbouring,
-            unit="example", threat_model=threat,
+            epsilon=eps,
+            delta=delta,
+            accountant="secrdp+rdp-subsampled",
+            neighbouring=neighbouring,
+            unit="example",
+            threat_model=threat,
             notes=f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}",
         ).to_dict()
 
@@ -121,8 +148,14 @@ def calibrate(cfg, topo, task):
 
         sampling, neighbouring, rate, m = _sampling(cfg, task)
         z = calibrate_noise_multiplier(
-            target_epsilon=cfg.epsilon, sampling_rate=rate, steps=cfg.steps, delta=delta,
-            accountant="rdp", sampling=sampling, neighbouring=neighbouring, dataset_size=m,
+            target_epsilon=cfg.epsilon,
+            sampling_rate=rate,
+            steps=cfg.steps,
+            delta=delta,
+            accountant="rdp",
+            sampling=sampling,
+            neighbouring=neighbouring,
+            dataset_size=m,
         )
         # the equivalent replace-one slope 1/(2 z_r^2); z_r = z (replace) or z/2 (add/remove)
         z_r = z if neighbouring == "replace_one" else z / 2.0
@@ -140,7 +173,12 @@ def calibrate(cfg, topo, task):
     sigma_cdp = cfg.sigma if cfg.sigma > 0 else _default_sigma_cdp(sigma_ldp, n)
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
     cal = calibrate_sigma_cor(
-        topo.graph, epsilon=eps_one_step, delta=delta, steps=1, sigma_cdp=sigma_cdp, clip=c,
+        topo.graph,
+        epsilon=eps_one_step,
+        delta=delta,
+        steps=1,
+        sigma_cdp=sigma_cdp,
+        clip=c,
         adversary=cfg.adversary,
     )
     return cfg.with_updates(sigma=sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)

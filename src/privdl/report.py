@@ -47,8 +47,11 @@ def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
 
 
 def markdown_table(runs: list[dict[str, Any]]) -> str:
-    metrics = [m for m in ("loss", "accuracy", "optimality_gap", "consensus_distance")
-               if any(m in r["rows"][-1] for r in runs)]
+    metrics = [
+        m
+        for m in ("loss", "accuracy", "optimality_gap", "consensus_distance")
+        if any(m in r["rows"][-1] for r in runs)
+    ]
     head = "| run | steps | " + " | ".join(metrics) + " | privacy | complete |"
     sep = "|" + "---|" * (len(metrics) + 4)
     lines = [head, sep]
@@ -57,7 +60,8 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
         vals = [f"{last[m]:.4g}" if isinstance(last.get(m), float) else "-" for m in metrics]
         done = "yes" if r["summary"] and r["summary"].get("completed") else "no"
         lines.append(
-            f"| {run_label(r['config'])} | {last.get('step')} | " + " | ".join(vals)
+            f"| {run_label(r['config'])} | {last.get('step')} | "
+            + " | ".join(vals)
             + f" | {privacy_text(last.get('privacy'))} | {done} |"
         )
     return "\n".join(lines)
@@ -72,8 +76,13 @@ def plot_runs(runs: list[dict[str, Any]], out: Path) -> list[Path]:
 
     paths = []
     for metric in PLOT_METRICS:
-        series = [(run_label(r["config"]), [(x["step"], x[metric]) for x in r["rows"]
-                   if isinstance(x.get(metric), float)]) for r in runs]
+        series = [
+            (
+                run_label(r["config"]),
+                [(x["step"], x[metric]) for x in r["rows"] if isinstance(x.get(metric), float)],
+            )
+            for r in runs
+        ]
         series = [(lab, pts) for lab, pts in series if pts]
         if not series:
             continue

@@ -85,8 +85,15 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
             raise ConfigError("algorithm 'decor' needs clipping (set clip)")
         if cfg.sigma <= 0:
             raise ConfigError("algorithm 'decor' needs sigma (sigma_cdp) > 0 or a target epsilon")
-        algo = Decor(step, edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=cfg.sigma,
-                     sigma_cor=cfg.sigma_cor, weight_decay=cfg.weight_decay)
+        algo = Decor(
+            step,
+            edges=topo.edges,
+            n_nodes=topo.n,
+            clip=clip,
+            sigma_cdp=cfg.sigma,
+            sigma_cor=cfg.sigma_cor,
+            weight_decay=cfg.weight_decay,
+        )
     else:  # pragma: no cover - the config validates the name
         raise ConfigError(f"unknown algorithm {cfg.algorithm!r}")
     privacy = run_accountant(cfg, topo, task)
@@ -186,8 +193,11 @@ def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, 
                 if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
                     row["diverged"] = True
                 records.save_checkpoint(
-                    {"params": {k: v.cpu() for k, v in state.params.items()}, "t": state.t,
-                     "wall_time": wall}
+                    {
+                        "params": {k: v.cpu() for k, v in state.params.items()},
+                        "t": state.t,
+                        "wall_time": wall,
+                    }
                 )
                 if state.t not in have:
                     records.append(row)

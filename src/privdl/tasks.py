@@ -15,12 +15,14 @@ import numpy as np
 import torch
 
 from privdl.comm.base import Tree
-from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.engine.clipping import clip_by_global_norm
+from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.errors import ConfigError
 
 
-def step_generator(seed: int, purpose: str, t: int, device: str | torch.device = "cpu") -> torch.Generator:
+def step_generator(
+    seed: int, purpose: str, t: int, device: str | torch.device = "cpu"
+) -> torch.Generator:
     """A generator that depends only on ``(seed, purpose, t)``: batches are resumable."""
     digest = hashlib.sha256(f"privdl/{purpose}/{int(seed)}/{int(t)}".encode()).digest()
     g = torch.Generator(device=device)
@@ -136,7 +138,9 @@ class SupervisedTask:
             raise ConfigError(
                 f"batch size {self.batch_size} exceeds the smallest node's data ({int(counts.min())})"
             )
-        self.binary = ds.n_classes == 2 and (self.model_name or default_model(self.dataset_name)) == "linear"
+        self.binary = (
+            ds.n_classes == 2 and (self.model_name or default_model(self.dataset_name)) == "linear"
+        )
         self.model = build_model(
             self.model_name or default_model(self.dataset_name),
             in_shape=tuple(ds.input_shape),
@@ -169,20 +173,31 @@ class SupervisedTask:
         else:
             g = step_generator(self.seed, "batches", t)
             bi = sample_batches(
-                data.counts, self.batch_size, generator=g, scheme=self.sampling,
+                data.counts,
+                self.batch_size,
+                generator=g,
+                scheme=self.sampling,
                 m_max=data.x.shape[1],
             )
             xb, yb = gather_batch(data.x, bi.index), gather_batch(data.y, bi.index)
             mask = bi.mask if self.sampling == "poisson" else None
             denom = float(self.batch_size) if self.sampling == "poisson" else None
         return node_gradients(
-            self.model, params, xb, yb, loss=self.loss_name, clip=clip, mask=mask,
+            self.model,
+            params,
+            xb,
+            yb,
+            loss=self.loss_name,
+            clip=clip,
+            mask=mask,
             denominator=denom,
         )
 
     def evaluate(self, params: Tree) -> dict[str, float]:
         avg = {k: v.mean(dim=0, keepdim=True) for k, v in params.items()}
-        tr_loss, tr_acc = evaluate(self.model, avg, self._x_train_eval, self._y_train_eval, loss=self.loss_name)
+        tr_loss, tr_acc = evaluate(
+            self.model, avg, self._x_train_eval, self._y_train_eval, loss=self.loss_name
+        )
         te_loss, te_acc = evaluate(self.model, avg, self._x_test, self._y_test, loss=self.loss_name)
         return {
             "loss": float(tr_loss[0]),
@@ -199,11 +214,21 @@ def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
     n = parse_graph(cfg.graph).n if cfg.algorithm != "cdp" else _n_from(cfg.graph)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.task == "least-squares":
-        return LeastSquaresTask(n, dim=cfg.ls_dim, seed=cfg.data_seed, dtype=dtype, device=cfg.device)
+        return LeastSquaresTask(
+            n, dim=cfg.ls_dim, seed=cfg.data_seed, dtype=dtype, device=cfg.device
+        )
     return SupervisedTask(
-        cfg.task, n, model_name=cfg.model, partition=cfg.partition, batch_size=cfg.batch_size,
-        sampling=cfg.sampling, data_seed=cfg.data_seed, seed=cfg.seed, data_dir=cfg.data_dir,
-        dtype=dtype, device=cfg.device,
+        cfg.task,
+        n,
+        model_name=cfg.model,
+        partition=cfg.partition,
+        batch_size=cfg.batch_size,
+        sampling=cfg.sampling,
+        data_seed=cfg.data_seed,
+        seed=cfg.seed,
+        data_dir=cfg.data_dir,
+        dtype=dtype,
+        device=cfg.device,
     )
 
 

@@ -52,7 +52,9 @@ def test_decor_with_zero_sigma_cor_is_the_ldp_run_exactly():
     task = LeastSquaresTask(topo.n, dim=3, seed=1, dtype=torch.float64)
     clip = ClipSpec(mode="batch_mean", threshold=1.0)
     ldp = DSGD(StepSize(0.05), clip=clip, sigma=0.7)
-    dec = Decor(StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.7, sigma_cor=0.0)
+    dec = Decor(
+        StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.7, sigma_cor=0.0
+    )
     s1 = _run(ldp, ldp.init(task.init_params(seed=0), seed=5), task.oracle, comm, 20)
     s2 = _run(dec, dec.init(task.init_params(seed=0), seed=5), task.oracle, comm, 20)
     assert torch.equal(s1.params["x"], s2.params["x"])
@@ -66,7 +68,9 @@ class _LinearOracle:
 
     def __call__(self, params, t, *, clip):
         x = params["x"]
-        return GradResult(grads={"x": x - self.b}, loss=torch.zeros(x.shape[0]), per_sample_norms=None)
+        return GradResult(
+            grads={"x": x - self.b}, loss=torch.zeros(x.shape[0]), per_sample_norms=None
+        )
 
 
 @pytest.mark.parametrize("spec", ["ring:8", "torus:3x3", "er:10:0.5:2"])
@@ -91,7 +95,9 @@ def test_decor_on_complete_graph_with_J_equals_cdp_average():
     comm = LocalCommunicator(mixing_matrix(topo, "average"), dtype=torch.float64)
     task = LeastSquaresTask(topo.n, dim=3, seed=2, dtype=torch.float64)
     clip = ClipSpec(mode="batch_mean", threshold=0.5)
-    dec = Decor(StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.3, sigma_cor=4.0)
+    dec = Decor(
+        StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.3, sigma_cor=4.0
+    )
     cdp = DSGD(StepSize(0.05), clip=clip, sigma=0.3)
     s1 = _run(dec, dec.init(task.init_params(seed=0), seed=9), task.oracle, comm, 10)
     s2 = _run(cdp, cdp.init(task.init_params(seed=0), seed=9), task.oracle, comm, 10)
@@ -101,13 +107,19 @@ def test_decor_on_complete_graph_with_J_equals_cdp_average():
 def test_decor_noise_is_fresh_every_step():
     """With zero gradients and no sigma_cdp, the models move differently at every step."""
     topo, comm = _comm("ring:5", "metropolis")
-    oracle = _LinearOracle(torch.zeros(topo.n, 3, dtype=torch.float64))
+
+    def oracle(params, t, *, clip):  # zero gradients: only the noise moves the models
+        x = params["x"]
+        return GradResult(
+            grads={"x": torch.zeros_like(x)}, loss=torch.zeros(x.shape[0]), per_sample_norms=None
+        )
+
     algo = Decor(StepSize(1.0), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.0, sigma_cor=1.0)
     state = algo.init({"x": torch.zeros(topo.n, 3, dtype=torch.float64)}, seed=1)
     moves = []
     for _ in range(3):
         before = state.params["x"].clone()
-        state, _ = algo.step(state, lambda p, t, clip: GradResult({"x": torch.zeros_like(p["x"])}, torch.zeros(topo.n), None), comm)
+        state, _ = algo.step(state, oracle, comm)
         moves.append(state.params["x"] - before)
         assert abs(float(state.params["x"].sum())) < 1e-12  # cancellation: the sum stays 0
     assert not torch.allclose(moves[0], moves[1]) and not torch.allclose(moves[1], moves[2])

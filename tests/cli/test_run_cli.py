@@ -35,8 +35,20 @@ def test_bad_input_exits_2_with_one_line(argv, capsys, tmp_path):
 
 
 def test_missing_mnist_message_says_where_it_looked(capsys, tmp_path):
-    rc = main(["run", "dsgd", "--task", "mnist", "--data-dir", str(tmp_path), "--steps", "1",
-               "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "run",
+            "dsgd",
+            "--task",
+            "mnist",
+            "--data-dir",
+            str(tmp_path),
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "PRIVDL_DATA_DIR" in err
@@ -51,9 +63,31 @@ def test_graph_json(capsys):
 
 def test_run_and_report(tmp_path, capsys):
     out = tmp_path / "r"
-    rc = main(["run", "ldp", "--task", "least-squares", "--graph", "ring:8", "--steps", "40",
-               "--lr", "0.01", "--clip", "1", "--clip-mode", "batch_mean", "--epsilon", "8",
-               "--eval-every", "10", "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "run",
+            "ldp",
+            "--task",
+            "least-squares",
+            "--graph",
+            "ring:8",
+            "--steps",
+            "40",
+            "--lr",
+            "0.01",
+            "--clip",
+            "1",
+            "--clip-mode",
+            "batch_mean",
+            "--epsilon",
+            "8",
+            "--eval-every",
+            "10",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "eps=8" in capsys.readouterr().out
     rc = main(["report", str(out), "--out", str(tmp_path / "rep")])

@@ -1,15 +1,17 @@
-import networkx as nx
 import numpy as np
 import pytest
 import torch
 
 from privdl.comm import LocalCommunicator
-from privdl.topology import ExponentialGraph, Topology, mixing_matrix, parse_graph
+from privdl.topology import ExponentialGraph, mixing_matrix, parse_graph
 from privdl.topology.mixing import MixingMatrix
 
 
 def _tree(n, gen, dtype=torch.float64):
-    return {"w": torch.randn(n, 3, 4, generator=gen, dtype=dtype), "b": torch.randn(n, 5, generator=gen, dtype=dtype)}
+    return {
+        "w": torch.randn(n, 3, 4, generator=gen, dtype=dtype),
+        "b": torch.randn(n, 5, generator=gen, dtype=dtype),
+    }
 
 
 def test_mix_equals_numpy_product():
@@ -48,7 +50,9 @@ def test_expo_roll_equals_matrix(n):
         out = comm.mix(tree, t)
         p = e.mixing(t).dense()
         for k, v in tree.items():
-            assert np.allclose(out[k].reshape(n, -1).numpy(), p @ v.reshape(n, -1).numpy(), atol=1e-14)
+            assert np.allclose(
+                out[k].reshape(n, -1).numpy(), p @ v.reshape(n, -1).numpy(), atol=1e-14
+            )
 
 
 def test_push_sum_preserves_sums_and_debiases_on_irregular_graph():
@@ -76,7 +80,9 @@ def test_push_sum_preserves_sums_and_debiases_on_irregular_graph():
 
 
 def test_average_and_weighted_sum():
-    comm = LocalCommunicator(mixing_matrix(parse_graph("ring:4"), "metropolis"), dtype=torch.float64)
+    comm = LocalCommunicator(
+        mixing_matrix(parse_graph("ring:4"), "metropolis"), dtype=torch.float64
+    )
     tree = _tree(4, torch.Generator().manual_seed(3))
     avg = comm.average(tree)
     ws = comm.weighted_sum(tree, torch.full((4,), 0.25, dtype=torch.float64))

@@ -32,17 +32,27 @@ def test_spec_sizes(spec, n, edges):
 
 def test_torus_matches_networkx_periodic_grid():
     t = parse_graph("torus:4x5")
-    ref = nx.convert_node_labels_to_integers(nx.grid_2d_graph(4, 5, periodic=True), ordering="sorted")
+    ref = nx.convert_node_labels_to_integers(
+        nx.grid_2d_graph(4, 5, periodic=True), ordering="sorted"
+    )
     assert nx.is_isomorphic(t.graph, ref)
     assert set(map(tuple, t.edges.tolist())) == {tuple(sorted(e)) for e in ref.edges}
 
 
 @pytest.mark.parametrize("n", [3, 5, 16, 31])
 def test_algebraic_connectivity_closed_forms(n):
-    assert math.isclose(parse_graph(f"ring:{n}").algebraic_connectivity, 2 * (1 - math.cos(2 * math.pi / n)), rel_tol=1e-9)
+    assert math.isclose(
+        parse_graph(f"ring:{n}").algebraic_connectivity,
+        2 * (1 - math.cos(2 * math.pi / n)),
+        rel_tol=1e-9,
+    )
     assert math.isclose(parse_graph(f"complete:{n}").algebraic_connectivity, n, rel_tol=1e-9)
     assert math.isclose(parse_graph(f"star:{n}").algebraic_connectivity, 1.0, rel_tol=1e-9)
-    assert math.isclose(parse_graph(f"path:{n}").algebraic_connectivity, 2 * (1 - math.cos(math.pi / n)), rel_tol=1e-9)
+    assert math.isclose(
+        parse_graph(f"path:{n}").algebraic_connectivity,
+        2 * (1 - math.cos(math.pi / n)),
+        rel_tol=1e-9,
+    )
 
 
 def test_laplacian_and_incidence():
@@ -64,7 +74,17 @@ def test_er_seeded_and_refuses_disconnected():
 
 @pytest.mark.parametrize(
     "spec",
-    ["ring", "ring:x", "torus:4", "er:10:0.5", "regular:5:3:1", "blah:4", "", "ring:1", "er:10:1.5:0"],
+    [
+        "ring",
+        "ring:x",
+        "torus:4",
+        "er:10:0.5",
+        "regular:5:3:1",
+        "blah:4",
+        "",
+        "ring:1",
+        "er:10:1.5:0",
+    ],
 )
 def test_bad_specs(spec):
     with pytest.raises(GraphError):
@@ -80,8 +100,14 @@ def test_edge_list_file(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "msg"),
-    [("0 0\n", "self-loop"), ("0 1\n1 0\n", "duplicate"), ("0 1.5\n", "non-integer"),
-     ("0 a\n", "non-integer"), ("0 1 2\n", "two integers"), ("", "no edges")],
+    [
+        ("0 0\n", "self-loop"),
+        ("0 1\n1 0\n", "duplicate"),
+        ("0 1.5\n", "non-integer"),
+        ("0 a\n", "non-integer"),
+        ("0 1 2\n", "two integers"),
+        ("", "no edges"),
+    ],
 )
 def test_edge_list_rejects(tmp_path, text, msg):
     p = tmp_path / "bad.txt"

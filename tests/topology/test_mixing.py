@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privdl.errors import GraphError
-from privdl.topology import ExponentialGraph, Topology, heterogeneity_factor, mixing_matrix, parse_graph
+from privdl.topology import (
+    ExponentialGraph,
+    Topology,
+    heterogeneity_factor,
+    mixing_matrix,
+    parse_graph,
+)
 
 
 def _random_topology(n, p, seed):
@@ -17,8 +23,12 @@ def _random_topology(n, p, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(2, 25), p=st.floats(0.1, 1.0), seed=st.integers(0, 10_000),
-       rule=st.sampled_from(["metropolis", "max-degree"]))
+@given(
+    n=st.integers(2, 25),
+    p=st.floats(0.1, 1.0),
+    seed=st.integers(0, 10_000),
+    rule=st.sampled_from(["metropolis", "max-degree"]),
+)
 def test_symmetric_rules_are_doubly_stochastic_on_any_graph(n, p, seed, rule):
     t = _random_topology(n, p, seed)
     w = mixing_matrix(t, rule)
@@ -45,8 +55,11 @@ def test_decor_rule_refused_on_irregular_graph():
 
 @pytest.mark.parametrize(
     ("spec", "weight", "p", "h", "wj"),
-    [("ring:16", 1 / 3, 0.0989187, 1 / 9, 13 / 3), ("torus:4x4", 1 / 5, 0.64, 0.12, 2.2),
-     ("complete:16", 1 / 16, 1.0, 0.0, 0.0)],
+    [
+        ("ring:16", 1 / 3, 0.0989187, 1 / 9, 13 / 3),
+        ("torus:4x4", 1 / 5, 0.64, 0.12, 2.2),
+        ("complete:16", 1 / 16, 1.0, 0.0, 0.0),
+    ],
 )
 def test_decor_paper_matrices(spec, weight, p, h, wj):
     """Spec §5.2 table: p, H_G(W) and ||W - J||_F^2 of the experiment matrices."""
@@ -87,7 +100,10 @@ def test_average_rule_is_J():
     assert np.allclose(w.dense(), 1 / 7) and w.consensus_rate == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("n,hops", [(16, [1, 2, 4, 8]), (50, [1, 2, 4, 8, 16, 32]), (3, [1, 2]), (2, [1]), (25, [1, 2, 4, 8, 16])])
+@pytest.mark.parametrize(
+    "n,hops",
+    [(16, [1, 2, 4, 8]), (50, [1, 2, 4, 8, 16, 32]), (3, [1, 2]), (2, [1]), (25, [1, 2, 4, 8, 16])],
+)
 def test_expo_hops(n, hops):
     assert list(ExponentialGraph(n).hops) == hops
 
@@ -96,7 +112,9 @@ def test_expo_hops(n, hops):
 def test_expo_exact_average_after_one_period_for_powers_of_two(n):
     e = ExponentialGraph(n)
     for start in (0, 3):
-        prod = reduce(lambda acc, k: e.mixing(k).dense() @ acc, range(start, start + e.period), np.eye(n))
+        prod = reduce(
+            lambda acc, k: e.mixing(k).dense() @ acc, range(start, start + e.period), np.eye(n)
+        )
         assert np.abs(prod - 1 / n).max() < 1e-14
 
 

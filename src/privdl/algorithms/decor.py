@@ -89,8 +89,14 @@ class Decor:
             )
         if self.sigma_cor > 0:
             cor = correlated_noise(
-                state.edge_keys, self.edges, self.n_nodes, t, size, sigma_cor=self.sigma_cor,
-                dtype=first.dtype, device=first.device,
+                state.edge_keys,
+                self.edges,
+                self.n_nodes,
+                t,
+                size,
+                sigma_cor=self.sigma_cor,
+                dtype=first.dtype,
+                device=first.device,
                 nodes=None if len(owned) == self.n_nodes else owned,
             )
             flat = cor if flat is None else flat + cor

@@ -31,7 +31,9 @@ def gaussian_tree(keys: tuple[bytes, ...], counter: int, like: Tree, *, sigma: f
 
     first = next(iter(like.values()))
     size = sum(v[0].numel() for v in like.values())
-    flat = independent_noise(keys, counter, size, sigma=sigma, dtype=first.dtype, device=first.device)
+    flat = independent_noise(
+        keys, counter, size, sigma=sigma, dtype=first.dtype, device=first.device
+    )
     return unflatten(flat, like)
 
 

@@ -12,12 +12,30 @@ from privdl.errors import ConfigError
 
 #: CLI flag -> config key for the options offered directly (others through --set KEY=VALUE).
 _FLAGS = {
-    "task": "task", "model": "model", "graph": "graph", "mixing": "mixing", "steps": "steps",
-    "lr": "lr", "lr_decay": "lr_decay", "batch_size": "batch_size", "sampling": "sampling",
-    "clip": "clip", "clip_mode": "clip_mode", "sigma": "sigma", "sigma_cor": "sigma_cor",
-    "weight_decay": "weight_decay", "partition": "partition", "seed": "seed",
-    "eval_every": "eval_every", "device": "device", "dtype": "dtype", "data_dir": "data_dir",
-    "epsilon": "epsilon", "delta": "delta", "adversary": "adversary", "label": "label",
+    "task": "task",
+    "model": "model",
+    "graph": "graph",
+    "mixing": "mixing",
+    "steps": "steps",
+    "lr": "lr",
+    "lr_decay": "lr_decay",
+    "batch_size": "batch_size",
+    "sampling": "sampling",
+    "clip": "clip",
+    "clip_mode": "clip_mode",
+    "sigma": "sigma",
+    "sigma_cor": "sigma_cor",
+    "weight_decay": "weight_decay",
+    "partition": "partition",
+    "seed": "seed",
+    "eval_every": "eval_every",
+    "device": "device",
+    "dtype": "dtype",
+    "data_dir": "data_dir",
+    "epsilon": "epsilon",
+    "delta": "delta",
+    "adversary": "adversary",
+    "label": "label",
 }
 
 
@@ -95,8 +113,9 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 
     final = summary.get("final", {})
     shown = {k: v for k, v in final.items() if isinstance(v, float | int) and k != "wall_time"}
-    click.echo(" ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in shown.items()))
+    click.echo(
+        " ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+    )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
     click.echo(f"records: {out_dir}")
 
@@ -104,8 +123,13 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 @click.command("demo")
 @click.option("--out", type=click.Path(), default="runs/demo", show_default=True)
 @click.option("--steps", type=int, default=400, show_default=True)
-@click.option("--epsilon", type=float, default=10.0, show_default=True,
-              help="Privacy target of the private runs (delta = 1e-5, user-level).")
+@click.option(
+    "--epsilon",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Privacy target of the private runs (delta = 1e-5, user-level).",
+)
 @click.option("--progress/--no-progress", default=None)
 def demo(out: str, steps: int, epsilon: float, progress) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""

@@ -68,7 +68,11 @@ class LocalCommunicator(Communicator):
         """The mixing matrix of step ``t`` as a torch tensor (dense or sparse CSR)."""
         if self._static is not None:
             return self._static
-        m = self.schedule.mixing(t) if isinstance(self.schedule, ExponentialGraph) else self.schedule(t)  # type: ignore[operator]
+        m = (
+            self.schedule.mixing(t)
+            if isinstance(self.schedule, ExponentialGraph)
+            else self.schedule(t)
+        )  # type: ignore[operator]
         return self._to_torch(m)
 
     def _apply(self, x: torch.Tensor, t: int) -> torch.Tensor:
