@@ -24,6 +24,8 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("privdl.cli.account", "account"),
     ("privdl.cli.account", "calibrate"),
     ("privdl.cli.account", "plan"),
+    ("privdl.cli.reproduce", "reproduce"),
+    ("privdl.cli.launch", "launch"),
 )
 
 

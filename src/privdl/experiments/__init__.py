@@ -1,0 +1,78 @@
+"""Paper reproductions: presets as data (``privdl/presets/*.toml``), runners, reports.
+
+Every module in this package may define ``REPRODUCTIONS``, a list of :class:`Reproduction`;
+they are discovered automatically, so adding a reproduction touches no shared file.
+Each reproduction writes ``report.md``, its PNG figures and ``summary.json`` into its output
+directory, with the paper's values or expected orderings beside ours.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privdl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """One paper figure or table.
+
+    ``run(out_dir, quick=...)`` does the work and returns the summary it wrote. ``quick`` is a
+    CI-sized version (minutes on 2 cores at most); the full version is documented with its
+    run time in ``full_runtime``.
+    """
+
+    name: str
+    paper: str
+    description: str
+    run: Callable[..., dict[str, Any]]
+    full_runtime: str = "unknown"
+
+
+def registry() -> dict[str, Reproduction]:
+    """All reproductions, by name, from every module of this package."""
+    found: dict[str, Reproduction] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for rep in getattr(module, "REPRODUCTIONS", ()):
+            if rep.name in found:
+                raise RuntimeError(f"duplicate reproduction name {rep.name!r}")
+            found[rep.name] = rep
+    return dict(sorted(found.items()))
+
+
+def get(name: str) -> Reproduction:
+    reps = registry()
+    if name not in reps:
+        raise ConfigError(
+            f"unknown reproduction {name!r}; `privdl reproduce --list` shows: {', '.join(reps)}"
+        )
+    return reps[name]
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """Read ``privdl/presets/NAME.toml`` (shipped with the package)."""
+    import tomllib
+    from importlib import resources
+
+    path = resources.files("privdl") / "presets" / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"preset {name!r} not found")
+    return tomllib.loads(path.read_text())
+
+
+def write_outputs(out: Path, *, report_md: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Write ``report.md`` and ``summary.json`` (figures are saved by the caller into ``out``)."""
+    from privdl.records import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(report_md)
+    write_json_atomic(out / "summary.json", summary)
+    return summary
