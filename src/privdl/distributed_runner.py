@@ -1,0 +1,346 @@
+"""One configured run on several processes (``privdl launch`` / ``torchrun``): the runner for a shard.
+
+Mirrors :func:`privdl.runner.train` / :func:`privdl.runner.resume` (it reuses ``runner.build`` for
+topology, task, algorithm, calibration and accountant) with a
+:class:`~privdl.comm.distributed.DistributedCommunicator`. Every rank holds the rows of the nodes
+it owns; rank 0 writes the records. A checkpoint holds every shard's state (the full ``(n, ...)``
+parameters, gathered at each evaluation, and the step ``t``): the noise streams are counter-based
+(keyed by ``(secret, t)``) and the minibatches by ``(seed, t)``, so ``t`` is the position of every
+generator and secret stream. Checkpoints have the single-process format, so a run can be resumed
+with another number of processes, or by ``privdl run --resume``. The privacy ledger is a function
+of the step count (``privacy(t)``), so a resumed run neither resets nor double-counts epsilon.
+
+Entry point for processes started by ``privdl launch``: ``python -m privdl.distributed_runner``
+(reads its job from ``PRIVDL_LAUNCH_SPEC``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from privdl.algorithms.base import consensus_distance
+from privdl.algorithms.decor import Decor, DecorState
+from privdl.algorithms.dsgd import DSGD, DSGDState
+from privdl.comm.base import Tree
+from privdl.comm.distributed import (
+    DEFAULT_TIMEOUT_S,
+    DistributedCommunicator,
+    DistributedError,
+    DistributedKeyTransport,
+    init_from_env,
+    shard_ranges,
+)
+from privdl.config import RunConfig, make_config
+from privdl.engine.clipping import clip_by_global_norm
+from privdl.engine.grads import ClipSpec, GradResult, node_gradients
+from privdl.errors import ConfigError, PrivdlError
+from privdl.records import RunRecords
+
+__all__ = ["ShardOracle", "init_shard_state", "run_worker", "worker_main"]
+
+#: Environment variable carrying a launcher's job (JSON) to the processes it starts.
+SPEC_ENV = "PRIVDL_LAUNCH_SPEC"
+#: Fault injection for tests and drills: ``"RANK:STEP"`` makes that rank SIGKILL itself at STEP.
+KILL_ENV = "PRIVDL_DEBUG_KILL"
+
+
+class ShardOracle:
+    """The task's gradient oracle restricted to the owned nodes (rows ``owned``).
+
+    Minibatch indices come from the task's generator keyed by ``(seed, t)`` for all ``n`` nodes
+    (same draw on every rank, as in the simulator); each rank keeps its rows and computes only
+    its own nodes' gradients (DECOR Alg. 1 line 2).
+    """
+
+    def __init__(self, task: Any, owned: torch.Tensor) -> None:
+        self.task = task
+        self.owned = owned
+
+    def __call__(self, params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
+        task, idx = self.task, self.owned
+        if task.kind == "least-squares":  # L_i = 1/2 ||a_i x - b||^2, full local gradient
+            x = params["x"]
+            a = task._a[idx][:, None]
+            b = task._b[idx]
+            grads = {"x": a * (a * x - b)}
+            if clip.mode != "none":
+                grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
+            loss = 0.5 * (a * x - b).pow(2).sum(dim=-1)
+            return GradResult(grads=grads, loss=loss, per_sample_norms=None)
+        from privdl.data import sample_batches
+        from privdl.tasks import step_generator
+
+        data = task.data
+        x_all, y_all = data.x[idx], data.y[idx]
+        if task.sampling == "full":
+            xb, yb, mask, denom = x_all, y_all, data.valid[idx], None
+        else:
+            bi = sample_batches(
+                data.counts,
+                task.batch_size,
+                generator=step_generator(task.seed, "batches", t),
+                scheme=task.sampling,
+                m_max=data.x.shape[1],
+            )
+            index = bi.index[idx]
+            rows = torch.arange(index.shape[0], device=index.device)[:, None]
+            xb, yb = x_all[rows, index], y_all[rows, index]
+            mask = bi.mask[idx] if task.sampling == "poisson" else None
+            denom = float(task.batch_size) if task.sampling == "poisson" else None
+        return node_gradients(
+            task.model, params, xb, yb, loss=task.loss_name, clip=clip, mask=mask, denominator=denom
+        )
+
+
+def init_shard_state(
+    algorithm: Any,
+    params: Tree,
+    *,
+    comm: DistributedCommunicator,
+    seed: int | None,
+    session_id: str = "",
+    transport: DistributedKeyTransport | None = None,
+) -> DSGDState | DecorState:
+    """The algorithm's state for the owned rows ``params`` (same keys as ``algorithm.init``).
+
+    Node noise keys are derived only for owned nodes (other entries ``None``). DECOR's edge
+    secrets come from a real X25519 exchange of public keys with the ranks that own neighbouring
+    nodes (:class:`DistributedKeyTransport`); with a seed the key pairs are the simulator's, so the
+    streams are identical (INSECURE, reproducible mode, as in the simulator).
+    """
+    from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
+
+    owned = comm.owned.tolist()
+
+    def keys_for_owned() -> tuple:
+        keys: list[bytes | None] = [None] * comm.n_nodes
+        for i, key in zip(
+            owned, node_noise_keys(owned, seed=seed, session_id=session_id), strict=True
+        ):
+            keys[i] = key
+        return tuple(keys)
+
+    if isinstance(algorithm, Decor):
+        edge_keys: tuple[bytes | None, ...] = ()
+        if algorithm.sigma_cor > 0:
+            transport = transport or DistributedKeyTransport(comm, algorithm.edges)
+            secrets = agree_edge_secrets(
+                algorithm.edges,
+                algorithm.n_nodes,
+                transport=transport,
+                nodes=owned,
+                seed=seed,
+                session_id=session_id,
+            )
+            edge_keys = tuple(secrets.edge_keys())
+        return DecorState(params=params, t=0, edge_keys=edge_keys, noise_keys=keys_for_owned())
+    if isinstance(algorithm, DSGD):
+        keys = keys_for_owned() if algorithm.sigma > 0 else ()
+        return DSGDState(params=params, t=0, noise_keys=keys)  # type: ignore[arg-type]
+    raise ConfigError(f"{type(algorithm).__name__} has no distributed state initialiser yet")
+
+
+def _bcast(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@dataclass
+class _Job:
+    cfg: RunConfig | None
+    out_dir: Path
+    resume: bool
+    overwrite: bool
+
+
+def _setup(job: _Job) -> tuple[RunConfig, dict | None, str | None]:
+    """Rank 0: resolve the config, prepare the records; returns (cfg, checkpoint, error)."""
+    from privdl.runner import build
+
+    records = RunRecords(job.out_dir)
+    try:
+        if job.resume:
+            if records.summary() is not None:
+                return make_config(records.config()), None, "done"
+            cfg = make_config(records.config())
+            return cfg, records.load_checkpoint(), None
+        assert job.cfg is not None
+        cfg = build(job.cfg).cfg  # calibrated once, here
+        shard_ranges(cfg_nodes(cfg), dist.get_world_size())
+        records.start(cfg.model_dump(), overwrite=job.overwrite)
+        return cfg, None, None
+    except PrivdlError as exc:
+        return job.cfg, None, f"error:{exc}"  # type: ignore[return-value]
+
+
+def cfg_nodes(cfg: RunConfig) -> int:
+    """Number of nodes of a config's graph."""
+    from privdl.topology import parse_graph
+
+    return parse_graph(cfg.graph).n
+
+
+def run_worker(
+    cfg: RunConfig | dict | None,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: bool | None = None,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """This process's part of a distributed run (call on every rank); returns the summary.
+
+    Joins the process group from the environment (``privdl launch`` or ``torchrun``). With
+    ``resume`` the config and checkpoint are read from ``out_dir`` by rank 0 and broadcast.
+    """
+    from privdl.runner import _progress, build
+
+    if cfg is not None and not isinstance(cfg, RunConfig):
+        cfg = make_config(cfg)
+    device = cfg.device if cfg is not None else "cpu"
+    rank, world = init_from_env(device=device, timeout_s=timeout_s)
+    job = _Job(cfg, Path(out_dir), resume, overwrite)
+    setup = _setup(job) if rank == 0 else None
+    cfg, ckpt, status = _bcast(setup)
+    if status == "done":
+        summary = RunRecords(out_dir).summary() if rank == 0 else None
+        return _bcast(summary)
+    if status is not None:
+        raise PrivdlError(status.removeprefix("error:"))
+    built = build(cfg, calibrated=True)
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    comm = DistributedCommunicator(
+        built.comm.schedule, device=cfg.device, dtype=dtype, timeout_s=timeout_s
+    )
+    oracle = ShardOracle(built.task, comm.owned)
+    if ckpt is None:
+        full, t0, wall0 = built.task.init_params(seed=cfg.seed), 0, 0.0
+    else:
+        full = {k: v.to(cfg.device) for k, v in ckpt["params"].items()}
+        t0, wall0 = int(ckpt["t"]), float(ckpt.get("wall_time", 0.0))
+    state = init_shard_state(built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed)
+    state.t = t0
+    records = RunRecords(out_dir) if rank == 0 else None
+    kill = _kill_step(rank)
+    have = {r.get("step") for r in records.rows()} if records is not None else set()
+    start_wall = time.perf_counter() - wall0
+    if state.t == 0 and 0 not in have and records is not None:
+        records.append(_eval_row(built, full, 0, 0.0))
+    enabled = rank == 0 and (sys.stderr.isatty() if progress is None else progress)
+    last_row, evaluated = None, False
+    with _progress(cfg.steps, state.t, enabled) as prog:
+        bar = prog.add_task(
+            f"{cfg.algorithm} x{world}", total=cfg.steps, completed=state.t, info=""
+        )
+        while state.t < cfg.steps:
+            if kill is not None and state.t == kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            state, _ = built.algorithm.step(state, oracle, comm)
+            prog.advance(bar)
+            if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
+                full = comm.all_gather_nodes(state.params)
+                stop, evaluated = False, True
+                if records is not None:
+                    wall = time.perf_counter() - start_wall
+                    row = _eval_row(built, full, state.t, wall)
+                    if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
+                        row["diverged"] = True
+                    records.save_checkpoint(
+                        {
+                            "params": {k: v.cpu() for k, v in full.items()},
+                            "t": state.t,
+                            "wall_time": wall,
+                        }
+                    )
+                    if state.t not in have:
+                        records.append(row)
+                    last_row, stop = row, bool(row.get("diverged"))
+                if _bcast(stop):
+                    break
+            if stop_after is not None and state.t >= stop_after:
+                return {"stopped_at": state.t}
+    summary = None
+    if not evaluated:  # resumed at the last step: evaluate the checkpointed state
+        full = comm.all_gather_nodes(state.params)
+    if records is not None:
+        if last_row is None:
+            last_row = _eval_row(built, full, state.t, time.perf_counter() - start_wall)
+        summary = {
+            "config": cfg.model_dump(),
+            "final": last_row,
+            "steps_done": state.t,
+            "completed": state.t == cfg.steps,
+            "topology": built.topology.summary(),
+            "distributed": {"world_size": world, "backend": dist.get_backend()},
+        }
+        records.finish(summary)
+    summary = _bcast(summary)
+    if summary["final"].get("diverged"):
+        raise PrivdlError(
+            f"training diverged at step {state.t} (non-finite metrics); lower --lr or clip"
+        )
+    return summary
+
+
+def _eval_row(built: Any, full: Tree, t: int, wall: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"step": t, "wall_time": round(wall, 4)}
+    row.update(built.task.evaluate(full))
+    row["consensus_distance"] = consensus_distance(full)
+    priv = built.privacy(t) if built.privacy is not None else None
+    if priv is not None:
+        row["privacy"] = priv
+    return row
+
+
+def _kill_step(rank: int) -> int | None:
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return None
+    r, _, step = spec.partition(":")
+    return int(step) if int(r) == rank else None
+
+
+def worker_main(job: dict[str, Any]) -> int:
+    """Run a launcher's job in this process; errors become one line on stderr and exit code 2."""
+    rank = os.environ.get("RANK", "?")
+    try:
+        summary = run_worker(
+            job.get("config"),
+            job["out"],
+            resume=bool(job.get("resume")),
+            overwrite=bool(job.get("overwrite")),
+            timeout_s=float(job.get("timeout", DEFAULT_TIMEOUT_S)),
+            progress=job.get("progress"),
+        )
+    except PrivdlError as exc:
+        text = str(exc) if str(exc).startswith("rank ") else f"rank {rank}: {exc}"
+        print(f"error: {text}", file=sys.stderr, flush=True)
+        os._exit(2)  # no process-group teardown: a dead peer would make it hang
+    except (RuntimeError, DistributedError) as exc:  # pragma: no cover - unexpected c10d errors
+        print(f"error: [rank {rank}] distributed failure: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+    if rank == "0" and job.get("print_summary", True):
+        from privdl.cli.run import _print_summary
+
+        _print_summary(summary, Path(job["out"]))
+    sys.stdout.flush()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(json.loads(os.environ[SPEC_ENV])))

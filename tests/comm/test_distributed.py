@@ -1,0 +1,407 @@
+"""DistributedCommunicator, key transport, distributed runner, launcher: equivalence, resume, faults.
+
+Ranks run in forked children of the test process (gloo over loopback; fork avoids re-importing
+torch in each, which dominates start-up); the launcher test starts real subprocesses. The oracle
+is always the single-process simulator (LocalCommunicator / privdl.runner).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from privdl.algorithms.base import StepSize
+from privdl.algorithms.decor import Decor
+from privdl.algorithms.dsgd import DSGD
+from privdl.cli.main import main as cli_main
+from privdl.comm.distributed import DistributedError, shard_ranges
+from privdl.comm.local import LocalCommunicator
+from privdl.distributed_runner import ShardOracle
+from privdl.engine.grads import ClipSpec
+from privdl.errors import ConfigError
+from privdl.runner import resume as sp_resume
+from privdl.runner import train as sp_train
+from privdl.tasks import LeastSquaresTask
+from privdl.topology import mixing_matrix, parse_graph
+from privdl.topology.mixing import MixingMatrix
+from privdl.topology.timevarying import ExponentialGraph
+
+GRAPH = "er:7:0.5:3"  # 7 nodes: shards of sizes 4/3 (2 ranks) and 2/2/2/1 (4 ranks)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(world: int, target, args=(), *, env=None, timeout=120.0) -> list[int | None]:
+    """Fork ``world`` ranks running ``target(rank, *args)``; returns their exit codes."""
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        child_env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            **(env or {}),
+        }
+        p = ctx.Process(target=_child, args=(child_env, target, rank, args))
+        p.start()
+        procs.append(p)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in procs]
+
+
+def _child(env, target, rank, args) -> None:  # runs in the forked rank
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    try:
+        target(rank, *args)
+    except BaseException:  # noqa: BLE001 - report and exit non-zero
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------- communicator
+def _random_column_stochastic(n: int, t: int) -> MixingMatrix:
+    rng = np.random.default_rng(100 + t)
+    m = rng.random((n, n)) * (rng.random((n, n)) < 0.4) + np.eye(n)
+    return MixingMatrix("push-sum", sp.csr_matrix(m / m.sum(axis=0, keepdims=True)))
+
+
+def _comm_worker(rank: int, out: str) -> None:
+    from privdl.comm.distributed import (
+        DistributedCommunicator,
+        DistributedKeyTransport,
+        init_from_env,
+    )
+    from privdl.distributed_runner import init_shard_state
+    from privdl.mechanisms.secrets import agree_edge_secrets
+
+    init_from_env(timeout_s=30)
+    dt = torch.float64
+    topo = parse_graph(GRAPH)
+    n = topo.n
+    w = mixing_matrix(topo, "metropolis")
+    g = torch.Generator().manual_seed(0)
+    tree = {
+        "a": torch.randn(n, 3, 2, generator=g, dtype=dt),
+        "b": torch.randn(n, 4, generator=g, dtype=dt),
+    }
+    res: dict = {}
+
+    def diff(dist_tree, full_tree, comm) -> float:
+        return max(float((dist_tree[k] - comm.shard(full_tree)[k]).abs().max()) for k in full_tree)
+
+    comm = DistributedCommunicator(w, dtype=dt)
+    local = LocalCommunicator(w, dtype=dt)
+    res["mix"] = diff(comm.mix(comm.shard(tree), 0), local.mix(tree, 0), comm)
+    res["gather"] = max(
+        float((comm.all_gather_nodes(comm.shard(tree))[k] - tree[k]).abs().max()) for k in tree
+    )
+    res["average"] = max(
+        float((comm.average(comm.shard(tree))[k] - local.average(tree)[k]).abs().max())
+        for k in tree
+    )
+    weights = torch.rand(n, generator=g, dtype=dt)
+    ws, lws = comm.weighted_sum(comm.shard(tree), weights), local.weighted_sum(tree, weights)
+    res["weighted_sum"] = max(float((ws[k] - lws[k]).abs().max()) for k in tree)
+    server = {"s": torch.full((3,), float(rank + 1), dtype=dt)}  # only rank 0's value counts
+    res["broadcast"] = float((comm.broadcast(server)["s"] - 1.0).abs().max())
+    # push-sum: exponential graph (5 steps: two periods) and random column-stochastic P_t
+    for name, sched in (("expo", ExponentialGraph(n)), ("directed", None)):
+        kw = {"n_nodes": n} if sched is None else {}
+        s = sched or (lambda t: _random_column_stochastic(n, t))
+        dc, lc = DistributedCommunicator(s, dtype=dt, **kw), LocalCommunicator(s, dtype=dt, **kw)
+        x, wt = dict(tree), torch.ones(n, dtype=dt)
+        xs, ws_ = dc.shard(tree), torch.ones(dc.owned.numel(), dtype=dt)
+        for t in range(5):
+            x, wt = lc.push_sum(x, wt, t)
+            xs, ws_ = dc.push_sum(xs, ws_, t)
+        res[f"push_sum_{name}"] = max(diff(xs, x, dc), float((ws_ - wt[dc.owned]).abs().max()))
+    # key transport: secrets equal the simulator's, only public keys cross
+    transport = DistributedKeyTransport(comm, topo.edges)
+    mine = agree_edge_secrets(topo.edges, n, transport=transport, nodes=comm.owned.tolist(), seed=5)
+    full = agree_edge_secrets(topo.edges, n, seed=5)
+    res["edge_keys"] = mine.edge_keys()
+    res["all_edge_keys"] = full.edge_keys()
+    res["carried"] = transport.carried
+    res["public"] = full.public_keys
+    # D-SGD (LDP: clipped, noisy) and DECOR: 6 steps on least squares, shard vs simulator
+    task = LeastSquaresTask(n, dim=5, seed=2, dtype=dt)
+    clip = ClipSpec(mode="batch_mean", threshold=1.0)
+    algos = {
+        "dsgd": DSGD(StepSize(0.05), clip=clip, sigma=0.3),
+        "decor": Decor(
+            StepSize(0.05), edges=topo.edges, n_nodes=n, clip=clip, sigma_cdp=0.2, sigma_cor=0.7
+        ),
+    }
+    for name, algo in algos.items():
+        ref = algo.init(task.init_params(seed=1), seed=9)
+        st = init_shard_state(algo, comm.shard(task.init_params(seed=1)), comm=comm, seed=9)
+        oracle = ShardOracle(task, comm.owned)
+        for _ in range(6):
+            ref, _ = algo.step(ref, task.oracle, local)
+            st, _ = algo.step(st, oracle, comm)
+        res[name] = diff(st.params, ref.params, comm)
+        res[name + "_moved"] = float((ref.params["x"] - 1.0).abs().max())
+    torch.save(res, Path(out) / f"rank{rank}.pt")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_communicator_and_algorithms_match_simulator(tmp_path, world):
+    codes = _run_ranks(world, _comm_worker, (str(tmp_path),))
+    assert codes == [0] * world
+    n = parse_graph(GRAPH).n
+    edges = parse_graph(GRAPH).edges
+    for rank in range(world):
+        res = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        for key in ("mix", "gather", "average", "weighted_sum", "broadcast", "push_sum_expo",
+                    "push_sum_directed", "dsgd", "decor"):  # fmt: skip
+            assert res[key] <= 1e-12, (rank, key, res[key])
+        assert res["dsgd_moved"] > 1e-3 and res["decor_moved"] > 1e-3  # the runs did something
+        # secrets: incident edges get the simulator's secret, others none
+        owned = set(shard_ranges(n, world)[rank])
+        for e, (u, v) in enumerate(edges.tolist()):
+            if u in owned or v in owned:
+                assert res["edge_keys"][e] == res["all_edge_keys"][e]
+            else:
+                assert res["edge_keys"][e] is None
+        # payloads: concatenations of published public keys; no secret in any of them
+        public = set(res["public"].values())
+        secrets = [k for k in res["all_edge_keys"] if k is not None]
+        assert res["carried"], "a sharded connected graph must exchange keys"
+        for _, _, _, payload in res["carried"]:
+            assert len(payload) % 32 == 0
+            chunks = {payload[i : i + 32] for i in range(0, len(payload), 32)}
+            assert chunks <= public
+            assert not any(s in payload for s in secrets)
+
+
+def test_shard_oracle_rows_equal_full_oracle():
+    from privdl.tasks import SupervisedTask
+
+    task = SupervisedTask("a9a", 5, model_name="linear", batch_size=8, dtype=torch.float64)
+    params = task.init_params(seed=3)
+    owned = torch.tensor([1, 2, 4])
+    clip = ClipSpec(mode="per_sample", threshold=0.5)
+    full = task.oracle(params, 7, clip=clip)
+    part = ShardOracle(task, owned)({k: v[owned] for k, v in params.items()}, 7, clip=clip)
+    for k in full.grads:
+        torch.testing.assert_close(part.grads[k], full.grads[k][owned], rtol=0, atol=1e-12)
+    torch.testing.assert_close(part.loss, full.loss[owned], rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- faults
+def _hang_worker(rank: int, out: str) -> None:
+    from privdl.comm.distributed import DistributedCommunicator, init_from_env
+
+    init_from_env(timeout_s=3)
+    w = mixing_matrix(parse_graph("ring:4"), "metropolis")
+    comm = DistributedCommunicator(w, dtype=torch.float64, timeout_s=3)
+    x = {"x": torch.zeros(comm.owned.numel(), 2, dtype=torch.float64)}
+    for t in range(5):
+        if rank == 1 and t == 2:
+            time.sleep(6)  # alive but silent: the peer must time out, not hang
+        start = time.monotonic()
+        try:
+            x = comm.mix(x, t)
+        except DistributedError as exc:
+            Path(out, f"error{rank}.txt").write_text(f"{time.monotonic() - start:.3f}\n{exc}")
+            os._exit(2)
+
+
+def test_silent_peer_times_out_with_clear_error(tmp_path):
+    codes = _run_ranks(2, _hang_worker, (str(tmp_path),), timeout=40)
+    assert codes[0] == 2
+    waited, message = (tmp_path / "error0.txt").read_text().split("\n", 1)
+    assert 2.0 <= float(waited) < 20.0
+    assert "rank 0" in message and "peer process" in message and "step 2" in message
+
+
+def test_misconfiguration_is_exit_2(capsys):
+    assert (
+        cli_main(["launch", "--nproc", "5", "dsgd", "--task", "least-squares", "--graph", "ring:4"])
+        == 2
+    )
+    assert "exceeds the 4 nodes" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = [
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            str(port),
+            "dsgd",
+            "--task",
+            "least-squares",
+        ]
+        assert cli_main([*args, "--graph", "ring:4"]) == 2
+    assert f"port {port}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="at most 3"):
+        shard_ranges(3, 4)
+
+
+def _busy_port_rank(rank: int, out: str) -> None:
+    from privdl.comm.distributed import init_from_env
+
+    try:
+        init_from_env(timeout_s=5)
+    except ConfigError as exc:
+        Path(out, "error.txt").write_text(str(exc))
+
+
+def _too_many_ranks(rank: int, out: str) -> None:  # torchrun path: 4 ranks for 3 nodes
+    cli_main(["launch", "dsgd", "--task", "least-squares", "--graph", "ring:3", "--out", out])
+
+
+def test_misconfiguration_under_torchrun_env(tmp_path, capfd):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        codes = _run_ranks(1, _busy_port_rank, (str(tmp_path),), env={"MASTER_PORT": str(port)})
+    assert codes == [0]
+    assert f"port {port} on 127.0.0.1 is already in use" in (tmp_path / "error.txt").read_text()
+    assert _run_ranks(4, _too_many_ranks, (str(tmp_path / "run"),), timeout=60) == [2] * 4
+    err = capfd.readouterr().err
+    assert err.count("world size 4 exceeds the 3 nodes") == 4
+
+
+# ----------------------------------------------------------------------------- runs
+RUN = {
+    "algorithm": "decor",
+    "task": "least-squares",
+    "graph": "ring:6",
+    "steps": 60,
+    "eval_every": 5,
+    "clip": 1.0,
+    "sigma": 0.4,
+    "sigma_cor": 1.0,
+    "lr": 0.05,
+    "dtype": "float64",
+    "seed": 4,
+}
+_FLAGS = ["decor", "--task", "least-squares", "--graph", "ring:6", "--steps", "60",
+          "--eval-every", "5", "--clip", "1", "--sigma", "0.4", "--sigma-cor", "1", "--lr", "0.05",
+          "--dtype", "float64", "--seed", "4", "--no-progress"]  # fmt: skip
+
+
+def _torchrun_rank(rank: int, out: str) -> None:  # the `torchrun ... privdl launch` path
+    code = cli_main(["launch", *_FLAGS, "--out", out])
+    if code:
+        raise SystemExit(code)
+
+
+def _resume_rank(rank: int, out: str) -> None:
+    from privdl.distributed_runner import run_worker
+
+    run_worker(None, out, resume=True, timeout_s=30, progress=False)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("wall_time")
+    return rows
+
+
+def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, capfd):
+    k = int(np.random.default_rng().integers(7, 55))  # a random step to die at
+    killed = tmp_path / "killed"
+    monkeypatch.setenv("PRIVDL_DEBUG_KILL", f"1:{k}")  # rank 1 SIGKILLs itself before step k
+    start = time.monotonic()
+    code = cli_main(["launch", "--nproc", "2", "--timeout", "20", *_FLAGS, "--out", str(killed)])
+    elapsed = time.monotonic() - start
+    monkeypatch.delenv("PRIVDL_DEBUG_KILL")
+    err = capfd.readouterr().err
+    # faults: the launcher reports the dead rank, rank 0 stops with its own clear error
+    assert code == 2, err
+    assert "rank 1 was killed by SIGKILL" in err
+    assert "error: rank 0: gossip at step" in err and "peer process" in err
+    assert elapsed < 120
+    assert not (killed / "summary.json").exists()
+    saved = torch.load(killed / "checkpoint.pt", weights_only=False)["t"]
+    assert saved == (k // 5) * 5
+    other = tmp_path / "other"  # the checkpoint holds every shard: resume on 3 processes too
+    shutil.copytree(killed, other)
+    assert _run_ranks(2, _resume_rank, (str(killed),)) == [0, 0]
+    assert _run_ranks(3, _resume_rank, (str(other),)) == [0, 0, 0]
+    ref = tmp_path / "ref"
+    assert _run_ranks(2, _torchrun_rank, (str(ref),)) == [0, 0]
+    a = torch.load(killed / "checkpoint.pt", weights_only=False)
+    b = torch.load(ref / "checkpoint.pt", weights_only=False)
+    assert a["t"] == b["t"] == RUN["steps"]
+    assert torch.equal(a["params"]["x"], b["params"]["x"])  # bit-identical
+    c3 = torch.load(other / "checkpoint.pt", weights_only=False)["params"]["x"]
+    torch.testing.assert_close(c3, b["params"]["x"], rtol=0, atol=1e-12)
+    # epsilon neither reset nor counted twice: every row (incl. privacy) equals the reference's
+    rows_killed, rows_ref = _rows(killed), _rows(ref)
+    assert [r["step"] for r in rows_killed] == list(range(0, RUN["steps"] + 1, 5))
+    assert rows_killed == rows_ref
+    summary = json.loads((killed / "summary.json").read_text())
+    eps = summary["final"]["privacy"]["epsilon"]
+    assert eps == rows_ref[-1]["privacy"]["epsilon"] > rows_ref[-2]["privacy"]["epsilon"]
+    # and the same models as the single-process simulator
+    sp_train(RUN, tmp_path / "single", progress=False)
+    c = torch.load(tmp_path / "single" / "checkpoint.pt", weights_only=False)
+    torch.testing.assert_close(a["params"]["x"], c["params"]["x"], rtol=0, atol=1e-12)
+    assert json.loads((tmp_path / "single" / "summary.json").read_text())["final"]["privacy"][
+        "epsilon"
+    ] == pytest.approx(eps, rel=1e-12)
+
+
+def _single_killed(out: str, k: int) -> None:
+    import privdl.tasks as tasks
+
+    original = tasks.LeastSquaresTask.oracle
+
+    def dying(self, params, t, *, clip):
+        if t == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, params, t, clip=clip)
+
+    tasks.LeastSquaresTask.oracle = dying
+    sp_train(RUN, out, progress=False)
+
+
+def test_single_process_kill_and_resume_is_bit_identical(tmp_path):
+    k = int(np.random.default_rng().integers(7, 55))
+    p = mp.get_context("fork").Process(target=_single_killed, args=(str(tmp_path / "killed"), k))
+    p.start()
+    p.join(120)
+    assert p.exitcode == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    resumed = sp_resume(tmp_path / "killed", progress=False)
+    full = sp_train(RUN, tmp_path / "full", progress=False)
+    a = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
+    assert torch.equal(a["params"]["x"], b["params"]["x"])
+    assert _rows(tmp_path / "killed") == _rows(tmp_path / "full")
+    assert resumed["final"]["privacy"] == full["final"]["privacy"]
