@@ -1,0 +1,265 @@
+"""PORTER (Li & Chi): decentralized gradient tracking with compressed surrogates, and BEER.
+
+One iteration for all agents at once (Algorithm 1, spec porter.md §2.3-2.5). Node-major layout:
+rows are agents, so the paper's right multiplication ``Q (W - I)`` is ``(W - I) Q`` here, which is
+``comm.mix(Q) - Q`` for the symmetric ``W`` the analysis needs (Lemma 1, spec D14)::
+
+    G_p^t = Clip-and-noise gradients at X^{t-1}                  (6)-(7) DP / (9)-(10) GC
+    Q_v^t = Q_v^{t-1} + C(V^{t-1} - Q_v^{t-1})                   (11)  [compressed, channel v]
+    V^t   = V^{t-1} + gamma (W - I) Q_v^t + G_p^t - G_p^{t-1}    (12)  [gradient tracking]
+    Q_x^t = Q_x^{t-1} + C(X^{t-1} - Q_x^{t-1})                   (13)  [compressed, channel x]
+    X^t   = X^{t-1} + gamma (W - I) Q_x^t - eta V^t              (14)
+
+Variants (:func:`porter_dp`, :func:`porter_gc`, :func:`beer`) differ only in the gradient:
+
+* PORTER-DP: per-sample clipping (smooth by default, eq. (5)), mean, plus ``N(0, sigma_p^2 I)``;
+* PORTER-GC: clip the minibatch mean, no noise;
+* BEER: no clipping, no noise (tau -> infinity, sigma_p = 0).
+
+``G_p^{t-1}`` in (12) is the STORED previous noisy gradient (``state.g_prev``), never redrawn:
+fresh noise there would break the tracking invariant ``mean_i v_i = mean_i g_{p,i}``.
+
+Naming: PORTER's ``alpha`` is the graph mixing rate; the compressor parameter is rho
+(``compressor.contraction(P)``); ``gamma`` is the consensus step size. Randomness: the privacy
+noise of agent i at round t is ``independent_noise(key_i, t)``; the compressor masks of round t
+come from a generator keyed by ``(seed, channel, t)``, with independent rows (agents), so runs
+are reproducible and resumable from the state alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from privdl.algorithms.base import StepSize
+from privdl.algorithms.dsgd import unflatten
+from privdl.comm.base import Communicator, Tree
+from privdl.engine.grads import ClipSpec
+from privdl.errors import ConfigError
+from privdl.mechanisms.compress import Compressor, Identity
+from privdl.topology import Topology
+from privdl.topology.mixing import MixingMatrix
+
+__all__ = [
+    "Porter",
+    "PorterState",
+    "beer",
+    "best_constant_mixing",
+    "fdla_mixing",
+    "flatten_tree",
+    "mixing_rate",
+    "porter_dp",
+    "porter_gc",
+]
+
+
+def flatten_tree(tree: Tree) -> torch.Tensor:
+    """Concatenate a node-leading tree into ``(n, P)`` (leaf order of the dict)."""
+    return torch.cat([v.reshape(v.shape[0], -1) for v in tree.values()], dim=1)
+
+
+def channel_generator(seed: int, channel: str, t: int, device: torch.device) -> torch.Generator:
+    """Compressor randomness of one channel at round ``t``: independent across channels/rounds."""
+    from privdl.tasks import step_generator
+
+    return step_generator(seed, f"compress/{channel}", t, device=device)
+
+
+@dataclass
+class PorterState:
+    """Explicit state of Algorithm 1 (flat ``(n, P)`` tensors; ``params`` is X as a tree).
+
+    ``q_x``/``q_v`` are the compressed surrogates, ``v`` the gradient tracker and ``g_prev`` the
+    stored noisy gradient ``G_p^{t-1}`` (including its noise realisation).
+    """
+
+    params: Tree
+    q_x: torch.Tensor
+    v: torch.Tensor
+    q_v: torch.Tensor
+    g_prev: torch.Tensor
+    t: int = 0
+    seed: int = 0
+    noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class Porter:
+    """PORTER / BEER with gradient step ``step_size`` (eta), consensus step ``gamma``, compressor
+    ``compressor`` (rho = its contraction), clipping ``clip`` and privacy noise ``sigma_p``."""
+
+    step_size: StepSize
+    gamma: float
+    compressor: Compressor = field(default_factory=Identity)
+    clip: ClipSpec = ClipSpec()
+    sigma_p: float = 0.0
+    name: str = "porter"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gamma <= 1.0:
+            raise ConfigError(f"consensus step size gamma must be in (0, 1], got {self.gamma}")
+        if not self.sigma_p >= 0.0 or self.sigma_p == float("inf"):
+            raise ConfigError(f"sigma_p must be a finite number >= 0, got {self.sigma_p}")
+
+    def init(self, params: Tree, *, seed: int) -> PorterState:
+        """Initialisation §2.2: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``."""
+        from privdl.mechanisms.secrets import node_noise_keys
+
+        x = flatten_tree(params)
+        if x.shape[0] > 1 and not bool((x == x[:1]).all()):
+            raise ConfigError("PORTER starts every agent at the same point x_bar^(0)")
+        n = x.shape[0]
+        keys = tuple(node_noise_keys(range(n), seed=seed)) if self.sigma_p > 0 else ()
+        zeros = torch.zeros_like(x)
+        return PorterState(
+            params=params,
+            q_x=x.clone(),
+            v=zeros,
+            q_v=zeros.clone(),
+            g_prev=zeros.clone(),
+            t=0,
+            seed=int(seed),
+            noise_keys=keys,
+        )
+
+    def gradients(
+        self, state: PorterState, oracle, comm: Communicator
+    ) -> tuple[torch.Tensor, object]:
+        """``G_p^t`` at ``X^{t-1}``: the oracle's clipped gradients plus agent-keyed noise (7)."""
+        from privdl.mechanisms.correlated import independent_noise
+
+        res = oracle(state.params, state.t, clip=self.clip)
+        g = flatten_tree(res.grads).to(state.v.dtype)
+        if self.sigma_p > 0:
+            keys = [state.noise_keys[i] for i in comm.owned.tolist()]
+            g = g + independent_noise(
+                keys, state.t, g.shape[1], sigma=self.sigma_p, dtype=g.dtype, device=g.device
+            )
+        return g, res
+
+    def step(self, state: PorterState, oracle, comm: Communicator) -> tuple[PorterState, dict]:
+        """One round of Algorithm 1 (steps (4)-(14)); ``info['bits_per_node']`` = 2 messages."""
+        t = state.t
+        eta = self.step_size(t)
+        g_p, res = self.gradients(state, oracle, comm)
+        x = flatten_tree(state.params)
+        dev = x.device
+
+        def gossip(q: torch.Tensor) -> torch.Tensor:  # (W - I) Q, symmetric W
+            return comm.mix({"q": q}, t)["q"] - q
+
+        c_v = self.compressor(
+            state.v - state.q_v, generator=channel_generator(state.seed, "v", t, dev)
+        )
+        q_v = state.q_v + c_v  # (11)
+        v = state.v + self.gamma * gossip(q_v) + g_p - state.g_prev  # (12)
+        c_x = self.compressor(x - state.q_x, generator=channel_generator(state.seed, "x", t, dev))
+        q_x = state.q_x + c_x  # (13)
+        x_new = x + self.gamma * gossip(q_x) - eta * v  # (14)
+        if not bool(torch.isfinite(x_new).all()):
+            raise ConfigError(
+                f"{self.name} diverged at round {t} (non-finite iterates): lower gamma or eta"
+            )
+        new = replace(
+            state, params=unflatten(x_new, state.params), q_x=q_x, v=v, q_v=q_v, g_prev=g_p, t=t + 1
+        )
+        info = {
+            "loss": res.loss,
+            "bits_per_node": 2 * int(self.compressor.bits(x.shape[1])),
+            "g_p": g_p,
+        }
+        return new, info
+
+
+def _eta(step_size: StepSize | float) -> StepSize:
+    return step_size if isinstance(step_size, StepSize) else StepSize(float(step_size))
+
+
+def porter_dp(
+    *,
+    step_size: StepSize | float,
+    gamma: float,
+    compressor: Compressor,
+    tau: float,
+    sigma_p: float,
+    clip_kind: str = "smooth",
+) -> Porter:
+    """PORTER-DP (Option I, eqs. (6)-(7)): per-sample ``Clip_tau`` then ``+ N(0, sigma_p^2 I)``."""
+    clip = ClipSpec(mode="per_sample", threshold=tau, kind=clip_kind)  # type: ignore[arg-type]
+    return Porter(_eta(step_size), gamma, compressor, clip, sigma_p, name="porter-dp")
+
+
+def porter_gc(
+    *,
+    step_size: StepSize | float,
+    gamma: float,
+    compressor: Compressor,
+    tau: float,
+    clip_kind: str = "smooth",
+) -> Porter:
+    """PORTER-GC (Option II, eqs. (9)-(10)): ``Clip_tau`` of the minibatch mean, no noise."""
+    clip = ClipSpec(mode="batch_mean", threshold=tau, kind=clip_kind)  # type: ignore[arg-type]
+    return Porter(_eta(step_size), gamma, compressor, clip, 0.0, name="porter-gc")
+
+
+def beer(*, step_size: StepSize | float, gamma: float, compressor: Compressor) -> Porter:
+    """BEER (Zhao et al. 2022) in PORTER's form: no clipping and no noise (spec §2.6)."""
+    return Porter(_eta(step_size), gamma, compressor, ClipSpec(), 0.0, name="beer")
+
+
+# ----------------------------------------------------------- mixing matrices (Definition 1, §5)
+
+
+def best_constant_mixing(topology: Topology) -> MixingMatrix:
+    """``W = I - a L`` with ``a = 2 / (lambda_2 + lambda_n)`` (Xiao & Boyd 2004, best constant).
+
+    Minimises ``||W - J||_2`` over constant edge weights; the FDLA optimum (PORTER §5) also
+    optimises each edge. Symmetric, ``W 1 = 1``, zero off the graph.
+    """
+    lap = topology.laplacian.toarray()
+    vals = np.linalg.eigvalsh(lap)
+    a = 2.0 / (vals[1] + vals[-1])
+    w = np.eye(topology.n) - a * lap
+    return MixingMatrix("best-constant", sp.csr_matrix(w))
+
+
+def fdla_mixing(topology: Topology, *, iterations: int = 2000) -> MixingMatrix:
+    """Fastest distributed linear averaging (Xiao & Boyd 2004), the matrix PORTER §5 uses:
+    minimise ``||W - J||_2`` over symmetric ``W = I - B diag(w) B^T`` (B: incidence matrix), so
+    ``W 1 = 1`` and ``W`` is zero off the graph by construction.
+
+    Solved by a normalised subgradient method from the best-constant weights, keeping the best
+    iterate (no SDP solver needed; the objective is convex, and for n = 10 the iterates settle
+    within 1e-3 of their limit). The subgradient in ``w_e`` of ``|lambda|`` for the extreme
+    eigenpair ``(lambda, q)`` of ``W - J`` is ``-sign(lambda) (q_u - q_v)^2``.
+    """
+    n, edges = topology.n, topology.edges
+    cols = np.arange(len(edges))
+    b = np.zeros((n, len(edges)))
+    b[edges[:, 0], cols], b[edges[:, 1], cols] = 1.0, -1.0
+    vals = np.linalg.eigvalsh(topology.laplacian.toarray())
+    w = np.full(len(edges), 2.0 / (vals[1] + vals[-1]))
+    centre = np.eye(n) - 1.0 / n
+
+    def value_and_subgradient(w: np.ndarray) -> tuple[float, np.ndarray]:
+        lam, q = np.linalg.eigh(centre - (b * w) @ b.T)
+        i = int(np.argmax(np.abs(lam)))
+        return float(abs(lam[i])), -np.sign(lam[i]) * (b.T @ q[:, i]) ** 2
+
+    best_w, best = w.copy(), value_and_subgradient(w)[0]
+    for k in range(iterations):
+        f, g = value_and_subgradient(w)
+        if f < best:
+            best, best_w = f, w.copy()
+        w = w - 0.1 / math.sqrt(k + 1) * g / max(float(np.linalg.norm(g)), 1e-12)
+    return MixingMatrix("fdla", sp.csr_matrix(np.eye(n) - (b * best_w) @ b.T))
+
+
+def mixing_rate(w: MixingMatrix) -> float:
+    """PORTER Definition 1: ``alpha = ||W - J||_2`` (the MIXING RATE, not a compressor knob)."""
+    n = w.n
+    return float(np.linalg.norm(w.dense() - np.full((n, n), 1.0 / n), 2))

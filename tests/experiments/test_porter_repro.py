@@ -1,0 +1,57 @@
+"""Quick PORTER reproductions (spec porter.md §6): outputs written and their checks hold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privdl.experiments import get, load_preset
+
+
+def _check_outputs(out, summary, which):
+    assert (out / "report.md").is_file() and (out / "summary.json").is_file()
+    for group in ("dp", "gc"):
+        assert (out / f"{which}_{group}.png").stat().st_size > 0
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["checks"] == summary["checks"]
+    failed = [k for k, v in summary["checks"].items() if not v]
+    assert not failed, f"checks failed: {failed}"
+    assert summary["passed"]
+    report = (out / "report.md").read_text()
+    assert "accounted eps" in report and "Paper orderings" in report
+
+
+def _check_privacy_rows(summary, pre):
+    """Theorem 1: sigma_p = tau sqrt(T ln(1/delta)) / (m eps), recomputed here."""
+    import math
+
+    m, T = summary["facts"]["local_samples"], summary["facts"]["rounds"]
+    for row in summary["privacy"]:
+        expected = (
+            pre["tau"] * math.sqrt(T * math.log(1 / pre["delta"])) / (m * row["epsilon_nominal"])
+        )
+        assert row["sigma_p"] == pytest.approx(expected, rel=1e-12)
+        assert row["epsilon_accounted"] > 0
+
+
+def test_porter_a9a_quick(tmp_path, shared_datasets):
+    if not (shared_datasets / "adult" / "adult.data.gz").exists():
+        pytest.skip("Adult files not in the shared datasets folder")
+    out = tmp_path / "a9a"
+    summary = get("porter-a9a").run(out, quick=True, data_dir=str(shared_datasets / "adult"))
+    _check_outputs(out, summary, "a9a")
+    facts = summary["facts"]
+    assert (facts["dim"], facts["k"], facts["local_samples"]) == (124, 6, 3256)  # spec D8, §6.3
+    _check_privacy_rows(summary, load_preset("porter-a9a"))
+
+
+@pytest.mark.slow
+def test_porter_mnist_quick(tmp_path, shared_datasets):
+    if not (shared_datasets / "mnist" / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip("MNIST files not in the shared datasets folder")
+    out = tmp_path / "mnist"
+    summary = get("porter-mnist").run(out, quick=True, data_dir=str(shared_datasets / "mnist"))
+    _check_outputs(out, summary, "mnist")
+    assert (summary["facts"]["dim"], summary["facts"]["k"]) == (50890, 2544)  # spec D9
+    _check_privacy_rows(summary, load_preset("porter-mnist"))
