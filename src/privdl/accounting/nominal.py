@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp_impl
+from scipy.special import gammaln, log_ndtr, logsumexp
 
 from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.conversion import check_delta
@@ -254,9 +254,134 @@ def porter_plan(
 
 
 # --------------------------------------------------------------------------- Robust-HDP
-def _sgm_rdp(q: float, z: float, orders: Sequence[float]) -> np.ndarray:
-    """Per-step RDP of the Poisson-sampled Gaussian (Mironov et al. 2019) via dp-accounting."""
-    return np.asarray(_rdp_impl._compute_rdp_poisson_subsampled_gaussian(q, z, orders))
+# One implementation of the reference code's accountant serves the nominal z_i (robust_hdp_plan)
+# and the Table 3 closed form (privdl.robust.table3): the RDP of the Poisson-subsampled Gaussian
+# (Mironov, Talwar & Zhang 2019), vectorised over (q, z) pairs and orders.
+_FRAC_TERMS = (48, 512)  # series lengths tried for fractional orders; a live tail gives inf
+
+
+def _rdp_integer(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """log A_a / (a - 1) for integer a: A_a = sum_k C(a,k) (1-q)^(a-k) q^k exp((k^2-k)/(2z^2))."""
+    k = np.arange(int(orders.max()) + 1)[None, None, :]
+    a = orders[None, :, None]
+    qq, zz = q[:, None, None], z[:, None, None]
+    valid = k <= a
+    log_term = (
+        gammaln(a + 1) - gammaln(k + 1) - gammaln(np.where(valid, a - k, 0) + 1)
+        + k * np.log(qq) + (a - k) * np.log1p(-qq) + (k * k - k) / (2 * zz**2)
+    )  # fmt: skip
+    log_a = logsumexp(np.where(valid, log_term, -np.inf), axis=2)
+    return log_a / (orders[None, :] - 1)
+
+
+def _rdp_fractional(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """Fractional orders via the two-sided series of Mironov, Talwar & Zhang (2019), Sec. 3.3.
+
+    Summed to a short length first; (q, z) pairs whose tail is not negligible are redone longer.
+    """
+    out = _rdp_fractional_terms(q, z, orders, _FRAC_TERMS[0])
+    redo = ~np.isfinite(out).all(axis=1)
+    if redo.any():
+        out[redo] = _rdp_fractional_terms(q[redo], z[redo], orders, _FRAC_TERMS[1])
+    return out
+
+
+def _rdp_fractional_terms(
+    q: np.ndarray, z: np.ndarray, orders: np.ndarray, terms: int
+) -> np.ndarray:
+    i = np.arange(terms)[None, None, :].astype(float)
+    a = orders[None, :, None]
+    qq, zz = q[:, None, None], z[:, None, None]
+    z0 = zz**2 * np.log(1 / qq - 1) + 0.5
+    j = a - i
+    log_coef = gammaln(a + 1) - gammaln(i + 1) - gammaln(j + 1)  # log |C(a, i)|
+    log_s0 = (
+        log_coef + i * np.log(qq) + j * np.log1p(-qq) + (i * i - i) / (2 * zz**2)
+        + log_ndtr((z0 - i) / zz)
+    )  # fmt: skip
+    log_s1 = (
+        log_coef + j * np.log(qq) + i * np.log1p(-qq) + (j * j - j) / (2 * zz**2)
+        + log_ndtr((j - z0) / zz)
+    )  # fmt: skip
+    total = np.logaddexp(logsumexp(log_s0, axis=2), logsumexp(log_s1, axis=2))
+    tail = np.maximum(log_s0[..., -1], log_s1[..., -1])
+    out = total / (orders[None, :] - 1)
+    return np.where(tail < total - 30, out, np.inf)
+
+
+def rdp_poisson_subsampled_gaussian(
+    q: float | np.ndarray, z: float | np.ndarray, orders: Sequence[float] = ROBUST_HDP_ORDERS
+) -> np.ndarray:
+    """RDP of ONE step of the Poisson-subsampled Gaussian mechanism, shape ``(len(q), len(orders))``.
+
+    ``q`` (sampling rate in (0, 1)) and ``z`` (noise multiplier) broadcast together.
+    """
+    q_arr, z_arr = np.broadcast_arrays(np.atleast_1d(np.asarray(q, float)), np.atleast_1d(z))
+    q_arr, z_arr = q_arr.astype(float), z_arr.astype(float)
+    if np.any((q_arr <= 0) | (q_arr >= 1)) or np.any(z_arr <= 0):
+        raise PrivacyError("need sampling rate q in (0, 1) and noise multiplier z > 0")
+    orders_arr = np.asarray(orders, float)
+    out = np.empty((q_arr.size, orders_arr.size))
+    is_int = orders_arr == np.round(orders_arr)
+    if is_int.any():
+        out[:, is_int] = _rdp_integer(q_arr, z_arr, orders_arr[is_int])
+    if (~is_int).any():
+        out[:, ~is_int] = _rdp_fractional(q_arr, z_arr, orders_arr[~is_int])
+    return out
+
+
+def epsilon_from_rdp(
+    rdp: np.ndarray, *, delta: float, orders: Sequence[float] = ROBUST_HDP_ORDERS
+) -> np.ndarray:
+    """Classic conversion eps = min_a [rdp(a) + log(1/delta)/(a - 1)] (Mironov 2017, Prop. 3)."""
+    a = np.asarray(orders, float)
+    return np.min(rdp + math.log(1 / delta) / (a - 1), axis=-1)
+
+
+def robust_hdp_noise_multipliers(
+    eps: Sequence[float] | np.ndarray,
+    batch_sizes: Sequence[int] | np.ndarray,
+    *,
+    num_samples: int = 2400,
+    local_epochs: int = 1,
+    rounds: int = 200,
+    delta: float = 1e-4,
+    decimals: int | None = 2,
+) -> np.ndarray:
+    """z_i such that E rounds of K epochs of DP-SGD (q = b/N, T = K E N/b) give eps_i.
+
+    The Robust-HDP reference accountant (``get_noise_multiplier``): arithmetic bisection on
+    [0.001, 1000] that stops as soon as |eps(z) - eps_i| <= 1e-6 (that early stop matters: for
+    eps = 0.15, b = 64 it gives 211.79 where the exact root is 211.815), then rounding to
+    ``decimals`` (None keeps the unrounded bisection point). Vectorised over clients; each
+    distinct (eps, b) pair is solved once.
+    """
+    eps_arr = np.asarray(eps, float)
+    b = np.broadcast_to(np.asarray(batch_sizes, float), eps_arr.shape)
+    if np.any(eps_arr <= 0) or not (0 < delta < 1):
+        raise PrivacyError("need eps > 0 and delta in (0, 1)")
+    if np.any(b < 1) or np.any(b >= num_samples):
+        raise PrivacyError(f"batch sizes must be in [1, {num_samples})")
+    pairs, inverse = np.unique(np.stack([eps_arr.ravel(), b.ravel()]), axis=1, return_inverse=True)
+    target, q = pairs[0], pairs[1] / num_samples
+    steps = local_epochs * rounds * num_samples / pairs[1]
+    lo, hi = np.full(target.shape, 0.001), np.full(target.shape, 1000.0)
+    z = np.full(target.shape, np.nan)
+    todo = np.ones(target.shape, dtype=bool)
+    for _ in range(200):
+        mid = (lo[todo] + hi[todo]) / 2
+        rdp = rdp_poisson_subsampled_gaussian(q[todo], mid)
+        e = epsilon_from_rdp(steps[todo, None] * rdp, delta=delta)
+        idx = np.flatnonzero(todo)
+        done = np.abs(e - target[todo]) <= 1e-6
+        z[idx[done]] = mid[done]
+        lo[idx] = np.where(e > target[todo], mid, lo[idx])  # too little noise: z must grow
+        hi[idx] = np.where(e > target[todo], hi[idx], mid)
+        todo[idx[done]] = False
+        if not todo.any():
+            break
+    z = np.where(np.isnan(z), (lo + hi) / 2, z)[np.ravel(inverse)].reshape(eps_arr.shape)
+    return z if decimals is None else np.round(z, decimals)
 
 
 def robust_hdp_epsilon(
@@ -270,11 +395,11 @@ def robust_hdp_epsilon(
 ) -> float:
     """The Robust-HDP code's epsilon: classic conversion at its orders with T = K E N / b."""
     check_delta(delta)
+    _positive(noise_multiplier=noise_multiplier, batch_size=batch_size, dataset_size=dataset_size)
     q = batch_size / dataset_size
     steps = local_epochs * rounds * dataset_size / batch_size
-    orders = np.asarray(ROBUST_HDP_ORDERS)
-    rdp = steps * _sgm_rdp(q, noise_multiplier, orders)
-    return float(np.min(rdp - math.log(delta) / (orders - 1.0)))
+    rdp = steps * rdp_poisson_subsampled_gaussian(q, noise_multiplier)
+    return float(epsilon_from_rdp(rdp, delta=delta)[0])
 
 
 def robust_hdp_noise_multiplier(
@@ -287,35 +412,36 @@ def robust_hdp_noise_multiplier(
     rounds: int = 200,
     round_to: int | None = 2,
 ) -> float:
-    """z_i by the reference code's bisection on [0.001, 1000] (|eps - eps_i| <= 1e-6), rounded."""
+    """z_i by the reference code's bisection on [0.001, 1000], rounded to ``round_to`` decimals.
+
+    One client of :func:`robust_hdp_noise_multipliers` (the same root to ~1e-12 relative).
+    """
     _positive(epsilon=epsilon, batch_size=batch_size, dataset_size=dataset_size)
+    check_delta(delta)
     if batch_size > dataset_size:
         raise PrivacyError("batch size must not exceed the dataset size")
-
-    def eps(z: float) -> float:
-        return robust_hdp_epsilon(
-            z,
+    if (
+        robust_hdp_epsilon(
+            1000.0,
             batch_size=batch_size,
             dataset_size=dataset_size,
             delta=delta,
             local_epochs=local_epochs,
             rounds=rounds,
         )
-
-    lo, hi = 0.001, 1000.0
-    if eps(hi) > epsilon:
+        > epsilon
+    ):
         raise PrivacyError(f"no noise multiplier in [0.001, 1000] reaches epsilon {epsilon}")
-    z = hi
-    for _ in range(200):
-        z = 0.5 * (lo + hi)
-        e = eps(z)
-        if abs(e - epsilon) <= 1e-6:
-            break
-        if e > epsilon:
-            lo = z
-        else:
-            hi = z
-    return round(z, round_to) if round_to is not None else z
+    z = robust_hdp_noise_multipliers(
+        [epsilon],
+        [batch_size],
+        num_samples=dataset_size,
+        local_epochs=local_epochs,
+        rounds=rounds,
+        delta=delta,
+        decimals=round_to,
+    )
+    return float(z[0])
 
 
 def robust_hdp_plan(
