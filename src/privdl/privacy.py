@@ -194,3 +194,88 @@ def run_accountant(cfg, topo, task) -> Callable[[int], dict[str, Any] | None]:
     if cfg.algorithm == "dsgd":
         return lambda t: None
     return spent(cfg, topo, task, sigma=cfg.sigma, sigma_cor=cfg.sigma_cor)
+
+
+# --- reproduction helpers (DECOR spec s.4.5, s.4.7) ---------------------------------------------
+
+LEGACY_LABEL = "legacy, not a valid (eps, delta) guarantee"
+
+
+def legacy_example_epsilon(step_rdp: float, *, sampling_rate: float) -> float:
+    """The DECOR reference code's example-level "epsilon" (spec s.4.7, LEGACY).
+
+    min over integer alpha in [2, 256] of the Wang et al. (2019) subsampled RDP bound of ONE step:
+    T and delta are ignored, so this is NOT a differential-privacy guarantee. It is what the
+    paper's MNIST budgets {1e-3, 1e-2, 0.1, 1} (Fig 1c, Fig 3) measure.
+    """
+    import numpy as np
+
+    from privdl.accounting.dpsgd import wang_fixed_size_rdp
+
+    orders = np.arange(2, 257)
+    return float(np.min(wang_fixed_size_rdp(float(step_rdp), float(sampling_rate), orders)))
+
+
+def legacy_step_rdp_for_epsilon(epsilon: float, *, sampling_rate: float) -> float:
+    """Largest per-step slope whose legacy (uncomposed) example-level value is <= ``epsilon``.
+
+    Bisection on log(step_rdp); the legacy value is non-decreasing in the slope.
+    """
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ConfigError(f"epsilon must be positive, got {epsilon}")
+    lo, hi = 1e-12, 1.0
+    while legacy_example_epsilon(hi, sampling_rate=sampling_rate) <= epsilon:
+        lo, hi = hi, hi * 4.0
+        if hi > 1e6:
+            return hi
+    while legacy_example_epsilon(lo, sampling_rate=sampling_rate) > epsilon:
+        lo /= 4.0
+        if lo < 1e-30:
+            raise ConfigError(f"legacy epsilon {epsilon} is unreachable")
+    while hi / lo - 1.0 > 1e-9:
+        mid = math.sqrt(lo * hi)
+        if legacy_example_epsilon(mid, sampling_rate=sampling_rate) <= epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def decor_pair_for_step_rdp(
+    graph,
+    *,
+    step_rdp: float,
+    clip: float,
+    sigma_cdp_grid,
+    sigma_cor_max: float | None = None,
+    adversary: str = "eavesdropper",
+) -> tuple[float, float]:
+    """(sigma_cdp, sigma_cor): the first ``sigma_cdp`` of the grid with a feasible ``sigma_cor``.
+
+    For each candidate sigma_cdp the smallest sigma_cor with SecRDP slope (Alg 2/3) <= ``step_rdp``
+    is found by conservative bisection; the pair is accepted if ``sigma_cor <= sigma_cor_max``.
+    This is the reference code's rule "smallest sigma_cdp on the grid for which the sigma_cor
+    search succeeds" (spec s.6.3, s.6.4), made conservative.
+    """
+    from privdl.accounting.calibration import calibrate_sigma_cor
+    from privdl.accounting.conversion import compose_convert
+    from privdl.errors import PrivacyError
+
+    delta = DEFAULT_DELTA
+    eps_one = compose_convert(step_rdp * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
+    for s in sigma_cdp_grid:
+        try:
+            cal = calibrate_sigma_cor(
+                graph,
+                epsilon=eps_one,
+                delta=delta,
+                steps=1,
+                sigma_cdp=float(s),
+                clip=clip,
+                adversary=adversary,
+            )
+        except PrivacyError:
+            continue
+        if sigma_cor_max is None or cal.sigma_cor <= sigma_cor_max:
+            return float(s), float(cal.sigma_cor)
+    raise ConfigError("no (sigma_cdp, sigma_cor) pair on the grid reaches the target")

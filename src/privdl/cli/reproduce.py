@@ -15,7 +15,9 @@ from privdl.errors import ConfigError
 @click.option("--quick", is_flag=True, help="CI-sized version (fewer steps/seeds).")
 @click.option("--out", type=click.Path(), help="Output directory (default reproductions/NAME).")
 @click.option("--data-dir", help="Where dataset files are looked up first.")
-def reproduce(name: str | None, list_: bool, quick: bool, out: str | None, data_dir: str | None) -> None:
+def reproduce(
+    name: str | None, list_: bool, quick: bool, out: str | None, data_dir: str | None
+) -> None:
     """Reproduce a paper figure/table: writes report.md, PNG figures and summary.json."""
     from privdl.experiments import get, registry
 
@@ -23,7 +25,9 @@ def reproduce(name: str | None, list_: bool, quick: bool, out: str | None, data_
         if name is None and not list_:
             raise ConfigError("give a reproduction NAME or --list")
         for rep in registry().values():
-            click.echo(f"{rep.name:<28} {rep.paper:<14} {rep.description} (full: {rep.full_runtime})")
+            click.echo(
+                f"{rep.name:<28} {rep.paper:<14} {rep.description} (full: {rep.full_runtime})"
+            )
         return
     rep = get(name)
     out_dir = Path(out or f"reproductions/{name}{'-quick' if quick else ''}")

@@ -59,8 +59,9 @@ def get(name: str) -> Reproduction:
 
 def load_preset(name: str) -> dict[str, Any]:
     """Read ``privdl/presets/NAME.toml`` (shipped with the package)."""
-    import tomllib
     from importlib import resources
+
+    import tomllib
 
     path = resources.files("privdl") / "presets" / f"{name}.toml"
     if not path.is_file():

@@ -1,0 +1,198 @@
+"""DECOR step cost on the MNIST setting (DECOR spec s.6.4; issue 4 "Performance").
+
+n = 16 nodes on the 4x4 torus and on the ring, MLP 784-128-10, batch 64 of random MNIST-shaped
+data, per-example clipping at C = 1, sigma_cdp = 0.01, sigma_cor = 0.05, W = 1/(deg+1).
+
+Timed (median ms per iteration after warm-up):
+
+* ``decor``: :class:`privdl.algorithms.decor.Decor` ``.step`` (vectorized per-example gradients,
+  keyed correlated noise N = K Z through the incidence matrix, independent noise, gossip);
+* ``nonprivate``: :class:`privdl.algorithms.dsgd.DSGD` without clipping or noise, same oracle;
+* ``noise``: the noise generation of one DECOR step alone (correlated + independent);
+* ``loop``: a faithful per-node Python loop: one ``nn.Module`` + ``torch.optim.SGD`` per node,
+  per-example clipping by a loop over the batch, and, per node, the correlated noise of each of
+  its edges drawn from a generator keyed by (edge secret, t) -- what each endpoint would do --
+  plus its independent noise, then gossip by a loop over neighbours.
+
+Reports the ratios loop/decor, decor/nonprivate and the share of the DECOR step spent in noise.
+
+    python benchmarks/bench_decor.py --iters 10 --loop-iters 2 [--json-out out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from privdl.algorithms.base import StepSize
+from privdl.algorithms.decor import Decor
+from privdl.algorithms.dsgd import DSGD
+from privdl.comm.local import LocalCommunicator
+from privdl.engine import ClipSpec, node_gradients
+from privdl.mechanisms.correlated import correlated_noise, independent_noise
+from privdl.models import build_model
+from privdl.topology import mixing_matrix, parse_graph
+
+N, BATCH, IN_DIM, HIDDEN, CLASSES = 16, 64, 784, 128, 10
+C, LR, SIGMA_CDP, SIGMA_COR = 1.0, 0.1, 0.01, 0.05
+
+
+def _median_ms(fn, *, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def _edge_generator(secret: int, t: int) -> torch.Generator:
+    """Per-edge, per-step generator keyed by (secret, t): both endpoints derive the same one."""
+    digest = hashlib.sha256(f"{secret}/{t}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+class PerNodeLoop:
+    """The reference-code way: one model and optimizer per node, loops everywhere."""
+
+    def __init__(self, params: dict[str, torch.Tensor], topo, mixing, x, y) -> None:
+        self.mods, self.opts = [], []
+        for i in range(N):
+            m = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+            with torch.no_grad():
+                m[0].weight.copy_(params["fc1.weight"][i])
+                m[0].bias.copy_(params["fc1.bias"][i])
+                m[2].weight.copy_(params["fc2.weight"][i])
+                m[2].bias.copy_(params["fc2.bias"][i])
+            self.mods.append(m)
+            self.opts.append(torch.optim.SGD(m.parameters(), lr=LR))
+        self.edges = [tuple(map(int, e)) for e in topo.edges]
+        self.secret = {e: k for k, e in enumerate(self.edges)}
+        self.nbrs = {i: [int(j) for j in topo.neighbours(i)] for i in range(N)}
+        self.w = mixing.dense()
+        self.x, self.y, self.t = x, y, 0
+        self.crit = nn.CrossEntropyLoss()
+
+    def step(self) -> None:
+        t = self.t
+        for i, (m, opt) in enumerate(zip(self.mods, self.opts, strict=True)):
+            ps = list(m.parameters())
+            acc = [torch.zeros_like(p) for p in ps]
+            for s in range(BATCH):  # per-example clipping by a loop
+                loss = self.crit(m(self.x[i, s : s + 1]), self.y[i, s : s + 1])
+                gs = torch.autograd.grad(loss, ps)
+                factor = torch.clamp(C / torch.sqrt(sum(g.pow(2).sum() for g in gs)), max=1.0)
+                for a, g in zip(acc, gs, strict=True):
+                    a.add_(g * factor)
+            node_gen = _edge_generator(10**6 + i, t)
+            for p, a in zip(ps, acc, strict=True):
+                noise = SIGMA_CDP * torch.randn(p.shape, generator=node_gen)
+                for j in self.nbrs[i]:  # correlated noise, one keyed draw per incident edge
+                    e = (min(i, j), max(i, j))
+                    z = SIGMA_COR * torch.randn(
+                        p.shape, generator=_edge_generator(self.secret[e], t)
+                    )
+                    noise += z if i < j else -z
+                p.grad = a / BATCH + noise
+            opt.step()
+        with torch.no_grad():  # gossip, a loop over neighbours
+            half = [[p.detach().clone() for p in m.parameters()] for m in self.mods]
+            for i, m in enumerate(self.mods):
+                for k, p in enumerate(m.parameters()):
+                    p.copy_(self.w[i, i] * half[i][k])
+                    for j in self.nbrs[i]:
+                        p.add_(self.w[i, j] * half[j][k])
+        self.t += 1
+
+
+def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> dict[str, float]:
+    topo = parse_graph(spec)
+    mixing = mixing_matrix(topo, "decor")
+    comm = LocalCommunicator(mixing, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    model = build_model("mlp", in_shape=(IN_DIM,), n_classes=CLASSES)
+    params = model.init(n_nodes=N, generator=gen)
+    x = torch.randn(N, BATCH, IN_DIM, generator=gen)
+    y = torch.randint(0, CLASSES, (N, BATCH), generator=gen)
+
+    def oracle(p, t, *, clip):
+        return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
+
+    decor = Decor(
+        StepSize(LR),
+        edges=topo.edges,
+        n_nodes=N,
+        clip=ClipSpec("per_sample", C),
+        sigma_cdp=SIGMA_CDP,
+        sigma_cor=SIGMA_COR,
+    )
+    plain = DSGD(StepSize(LR))
+    box = {"d": decor.init(dict(params), seed=1), "p": plain.init(dict(params), seed=1)}
+
+    def decor_step() -> None:
+        box["d"], _ = decor.step(box["d"], oracle, comm)
+
+    def plain_step() -> None:
+        box["p"], _ = plain.step(box["p"], oracle, comm)
+
+    size = sum(v[0].numel() for v in params.values())
+    keys, counter = box["d"], [0]
+
+    def noise_only() -> None:
+        counter[0] += 1
+        cor = correlated_noise(keys.edge_keys, topo.edges, N, counter[0], size, sigma_cor=SIGMA_COR)
+        cor + independent_noise(keys.noise_keys, counter[0], size, sigma=SIGMA_CDP)
+
+    out = {
+        "decor_ms": _median_ms(decor_step, iters=iters, warmup=warmup),
+        "nonprivate_ms": _median_ms(plain_step, iters=iters, warmup=warmup),
+        "noise_ms": _median_ms(noise_only, iters=iters, warmup=warmup),
+    }
+    if loop_iters > 0:
+        loop = PerNodeLoop(params, topo, mixing, x, y)
+        out["loop_ms"] = _median_ms(loop.step, iters=loop_iters, warmup=1)
+        out["loop_over_decor"] = out["loop_ms"] / out["decor_ms"]
+    out["decor_over_nonprivate"] = out["decor_ms"] / out["nonprivate_ms"]
+    out["noise_share_of_decor"] = out["noise_ms"] / out["decor_ms"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--loop-iters", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--graphs", default="torus:4x4,ring:16")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res: dict[str, object] = {
+        "setting": f"n={N} mlp {IN_DIM}-{HIDDEN}-{CLASSES} B={BATCH} C={C} per-example, "
+        f"sigma_cdp={SIGMA_CDP} sigma_cor={SIGMA_COR}",
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    for spec in args.graphs.split(","):
+        res[spec] = bench_topology(
+            spec, iters=args.iters, loop_iters=args.loop_iters, warmup=args.warmup
+        )
+        print(spec, json.dumps(res[spec], indent=1), flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

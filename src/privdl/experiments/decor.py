@@ -1,0 +1,622 @@
+"""Reproductions of the DECOR paper (Allouah et al., ICML 2024): Fig 1a/1b/1c, Fig 2, Fig 3.
+
+Presets are data (``privdl/presets/decor-*.toml``, values from spec decor.md s.6). Every run goes
+through the library (``runner.build``: task, topology, calibration, :class:`~privdl.algorithms.
+decor.Decor`/D-SGD, accountant); the loop here only records the metrics the paper plots.
+
+* ``decor-fig1a`` -- least squares (s.6.2), optimality gap (1/n) sum ||x_i - x*||^2 averaged over
+  the last 199 iterates as the code computes it, and L(xbar) - L*; the paper's (sigma_cdp,
+  sigma_cor) pairs with their accounted epsilon beside our conservative calibration.
+* ``decor-fig1b`` -- logistic regression on the a9a rebuild (s.6.3), gap = train BCE - L*.
+* ``decor-fig1c`` -- MNIST MLP, example-level (s.6.4): the paper's budgets (the code's uncomposed
+  per-step number, labelled as not a valid guarantee) and correctly accounted budgets.
+* ``decor-fig2`` / ``decor-fig3`` -- the accountant curves (App. D.1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privdl.experiments import Reproduction, load_preset, write_outputs
+
+COLOURS = {"cdp": "purple", "decor": "green", "ldp": "orange"}
+MARKERS = {"cdp": "D", "decor": "o", "ldp": "^"}
+LINESTYLES = {"complete": "-", "torus": "--", "ring": ":"}
+CAPTION = "(eps, 1e-5)-SecLDP against an external eavesdropper"
+
+
+# --- shared pieces ------------------------------------------------------------------------------
+
+
+def _preset(name: str, quick: bool) -> dict[str, Any]:
+    p = load_preset(name)
+    if quick:
+        p.update(p.get("quick", {}))
+    return p
+
+
+def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[str, Any]:
+    """Build and run one configuration; average ``metric(task, params)`` over the last iterates.
+
+    ``window`` w reproduces the code's ``errors[-w:-1]``: the iterates after steps T-w+1..T-1.
+    """
+    from privdl.config import make_config
+    from privdl.runner import build
+
+    cfg = make_config(values)
+    built = build(cfg)
+    task, algo = built.task, built.algorithm
+    state = algo.init(task.init_params(seed=cfg.seed), seed=cfg.seed)
+    steps = cfg.steps
+    sums: dict[str, float] = {}
+    count = 0
+    while state.t < steps:
+        state, _ = algo.step(state, task.oracle, built.comm)
+        if window and steps - window < state.t < steps:
+            for k, v in metric(task, state.params).items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+    out = {k: v / count for k, v in sums.items()} if count else {}
+    out["final"] = task.evaluate(state.params)
+    out["sigma"] = built.cfg.sigma
+    out["sigma_cor"] = built.cfg.sigma_cor
+    out["privacy"] = built.privacy(steps)
+    out["_task"] = task
+    out["_params"] = state.params
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    a = np.asarray(xs, dtype=float)
+    return float(a.mean()), float(a.std())
+
+
+def _plot(
+    path: Path,
+    series: list[dict[str, Any]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+    logy: bool = True,
+) -> None:
+    """Fig 1 style: colour by algorithm, line style by topology, +/- 1 std error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for s in series:
+        ax.errorbar(
+            s["x"],
+            s["y"],
+            yerr=s.get("err"),
+            color=COLOURS[s["algorithm"]],
+            marker=MARKERS[s["algorithm"]],
+            linestyle=LINESTYLES[s["topology"]],
+            label=s["label"],
+            capsize=2,
+            markersize=5,
+        )
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _methods(topologies: list[str]) -> list[tuple[str, str]]:
+    """CDP once (complete graph, W = J), then DECOR and LDP on each topology (spec s.3)."""
+    return [("cdp", "complete")] + [(a, t) for a in ("decor", "ldp") for t in topologies]
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _checks_md(checks: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"- [{'PASS' if c['pass'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in checks
+    )
+
+
+# --- Fig 1a: least squares ----------------------------------------------------------------------
+
+
+def _ls_metric(task, params) -> dict[str, float]:
+    ev = task.evaluate(params)
+    return {"gap": ev["optimality_gap"], "loss_gap": ev["loss_gap"]}
+
+
+def run_fig1a(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+    """Fig 1a (spec s.6.2): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
+    from privdl.accounting import account_decor
+    from privdl.topology import parse_graph
+
+    p = _preset("decor-fig1a", quick)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = load_preset("decor-fig1a")["epsilons"]
+    base = dict(
+        task="least-squares",
+        steps=p["steps"],
+        lr=p["lr"],
+        clip=p["clip"],
+        clip_mode="batch_mean",
+        delta=p["delta"],
+        mixing=p["mixing"],
+        ls_dim=p["dim"],
+        data_seed=p["data_seed"],
+        dtype="float64",
+        adversary="eavesdropper",
+    )
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    for eps in p["epsilons"]:
+        k = grid.index(eps)
+        for alg, topo in _methods(p["topologies"]):
+            variants = [("ours", {})]
+            if alg == "decor":
+                paper_s = p["paper"]["sigma_cdp"][topo][k]
+                paper_c = p["paper"]["sigma_cor"][topo][k]
+                variants = [("ours", {"sigma": paper_s})]
+                if p["train_paper_pairs"]:
+                    variants.append(("paper", {"sigma": paper_s, "sigma_cor": paper_c}))
+            for tag, extra in variants:
+                runs = []
+                for seed in p["seeds"]:
+                    v = dict(base, algorithm=alg, graph=p["graphs"][topo], seed=seed, **extra)
+                    if "sigma_cor" not in extra:
+                        v["epsilon"] = float(eps)
+                    runs.append(_simulate(v, window=p["window"], metric=_ls_metric))
+                gm, gs = _mean_std([r["gap"] for r in runs])
+                lm, ls = _mean_std([r["loss_gap"] for r in runs])
+                results[f"{alg}/{topo}/{tag}/{eps}"] = dict(
+                    algorithm=alg,
+                    topology=topo,
+                    variant=tag,
+                    epsilon=eps,
+                    gap=gm,
+                    gap_std=gs,
+                    loss_gap=lm,
+                    loss_gap_std=ls,
+                    sigma=runs[0]["sigma"],
+                    sigma_cor=runs[0]["sigma_cor"],
+                    epsilon_accounted=runs[0]["privacy"]["epsilon"],
+                )
+    wall = time.perf_counter() - t0
+    # the paper's pairs, accounted by our SecRDP accountant (cheap; also in --quick)
+    paper_rows = []
+    for topo in p["topologies"]:
+        g = parse_graph(p["graphs"][topo]).graph
+        for eps in p["epsilons"]:
+            k = grid.index(eps)
+            s, c = p["paper"]["sigma_cdp"][topo][k], p["paper"]["sigma_cor"][topo][k]
+            acc = account_decor(
+                g, sigma_cdp=s, sigma_cor=c, clip=p["clip"], steps=p["steps"], delta=p["delta"]
+            )
+            ours = results.get(f"decor/{topo}/ours/{eps}", {})
+            paper_rows.append(
+                dict(
+                    topology=topo,
+                    epsilon=eps,
+                    sigma_cdp=s,
+                    sigma_cor_paper=c,
+                    epsilon_paper_pair=acc.epsilon,
+                    epsilon_spec=p["paper"]["epsilon_achieved"][topo][k],
+                    sigma_cor_ours=ours.get("sigma_cor"),
+                    gap_paper=p["paper"]["gap"][topo][k],
+                    gap_ours=ours.get("gap"),
+                    gap_paper_pair=results.get(f"decor/{topo}/paper/{eps}", {}).get("gap"),
+                )
+            )
+    checks = []
+    ck = p["checks"]
+    for eps in p["epsilons"]:
+        if eps > ck["eps_max"]:
+            continue
+        cdp = results[f"cdp/complete/ours/{eps}"]["gap"]
+        for topo in ("torus", "ring"):
+            if topo not in p["topologies"]:
+                continue
+            dec = results[f"decor/{topo}/ours/{eps}"]["gap"]
+            ldp = results[f"ldp/{topo}/ours/{eps}"]["gap"]
+            checks.append(
+                dict(
+                    name=f"eps={eps} {topo}: DECOR/CDP <= {ck['decor_over_cdp_max']}",
+                    pass_=dec / cdp <= ck["decor_over_cdp_max"],
+                    detail=f"DECOR {dec:.4g}, CDP {cdp:.4g}, ratio {dec / cdp:.3g}",
+                )
+            )
+            checks.append(
+                dict(
+                    name=f"eps={eps} {topo}: LDP/DECOR >= {ck['ldp_over_decor_min']}",
+                    pass_=ldp / dec >= ck["ldp_over_decor_min"],
+                    detail=f"LDP {ldp:.4g}, DECOR {dec:.4g}, ratio {ldp / dec:.3g}",
+                )
+            )
+    for row in paper_rows:
+        checks.append(
+            dict(
+                name=f"paper pair {row['topology']} eps={row['epsilon']}: our accountant = spec value",
+                pass_=abs(row["epsilon_paper_pair"] - row["epsilon_spec"])
+                <= 0.01 + 0.01 * row["epsilon_spec"],
+                detail=f"ours {row['epsilon_paper_pair']:.4g} vs spec {row['epsilon_spec']}",
+            )
+        )
+    checks = [
+        {
+            "name": c["name"],
+            "pass": bool(c["pass_"]),
+            "detail": c["detail"],
+            "kind": "accounting" if c["name"].startswith("paper pair") else "utility",
+        }
+        for c in checks
+    ]
+    series = []
+    for alg, topo in _methods(p["topologies"]):
+        for metric in ("gap",):
+            pts = [results[f"{alg}/{topo}/ours/{e}"] for e in p["epsilons"]]
+            series.append(
+                dict(
+                    algorithm=alg,
+                    topology=topo,
+                    label=f"{alg.upper()} {topo}",
+                    x=p["epsilons"],
+                    y=[r[metric] for r in pts],
+                    err=[r[metric + "_std"] for r in pts],
+                )
+            )
+    _plot(
+        out / "fig1a.png",
+        series,
+        xlabel="epsilon",
+        ylabel="optimality gap (code's metric)",
+        title=f"Fig 1a least squares, {CAPTION}",
+    )
+    for s in series:
+        s["y"] = [
+            results[f"{s['algorithm']}/{s['topology']}/ours/{e}"]["loss_gap"] for e in p["epsilons"]
+        ]
+        s["err"] = None
+    _plot(
+        out / "fig1a_loss_gap.png",
+        series,
+        xlabel="epsilon",
+        ylabel="L(xbar) - L*",
+        title="Fig 1a, training-loss gap of the averaged model",
+    )
+    head = ["method", "eps", "sigma", "sigma_cor", "accounted eps", "gap (code)", "L(xbar)-L*"]
+    rows = [
+        [
+            f"{r['algorithm']} {r['topology']} ({r['variant']})",
+            str(r["epsilon"]),
+            f"{r['sigma']:.4g}",
+            f"{r['sigma_cor']:.4g}",
+            f"{r['epsilon_accounted']:.4g}",
+            f"{r['gap']:.4g} +/- {r['gap_std']:.2g}",
+            f"{r['loss_gap']:.4g}",
+        ]
+        for r in results.values()
+    ]
+    prow = [
+        [
+            r["topology"],
+            str(r["epsilon"]),
+            f"{r['sigma_cdp']:.4g}",
+            f"{r['sigma_cor_paper']:.4g}",
+            f"{r['epsilon_paper_pair']:.4g} (spec {r['epsilon_spec']})",
+            "-" if r["sigma_cor_ours"] is None else f"{r['sigma_cor_ours']:.4g}",
+            f"{r['gap_paper']:.4g}",
+            "-" if r["gap_ours"] is None else f"{r['gap_ours']:.4g}",
+            "-" if r["gap_paper_pair"] is None else f"{r['gap_paper_pair']:.4g}",
+        ]
+        for r in paper_rows
+    ]
+    md = "\n\n".join(
+        [
+            f"# decor-fig1a: least squares (DECOR Fig 1a){' -- quick' if quick else ''}",
+            f"{CAPTION}; n = 16, d = {p['dim']}, T = {p['steps']}, eta = {p['lr']}, C = {p['clip']}, "
+            f"seeds {p['seeds']}, W = 1/(deg+1). Gap = (1/n) sum_i ||x_i - x*||^2 averaged over the "
+            "last 199 iterates (the code's metric); L(xbar) - L* is also recorded (the paper's "
+            "'training loss'). Our calibration keeps the paper's sigma_cdp and re-solves sigma_cor "
+            "conservatively (accounted eps <= target).",
+            "![fig1a](fig1a.png)",
+            "## Runs",
+            _table(head, rows),
+            "## The paper's (sigma_cdp, sigma_cor) pairs vs ours",
+            "The paper's pairs overshoot their nominal eps (code tolerance 1e-4 absolute per step).",
+            _table(
+                [
+                    "topology",
+                    "eps target",
+                    "sigma_cdp",
+                    "sigma_cor paper",
+                    "accounted eps of paper pair",
+                    "sigma_cor ours",
+                    "gap paper (tuning run)",
+                    "gap ours",
+                    "gap with paper pair",
+                ],
+                prow,
+            ),
+            "Expected (paper / spec s.6.2): CDP <= DECOR-complete <= DECOR-torus <= DECOR-ring << "
+            "LDP; LDP about 20-150x CDP.",
+            "## Checks",
+            _checks_md(checks),
+            f"Run time: {wall:.0f} s.",
+        ]
+    )
+    summary = {
+        "reproduction": "decor-fig1a",
+        "quick": quick,
+        "results": list(results.values()),
+        "paper_pairs": paper_rows,
+        "checks": checks,
+        "wall_s": wall,
+    }
+    return write_outputs(out, report_md=md, summary=summary)
+
+
+# --- Fig 1b: a9a --------------------------------------------------------------------------------
+
+
+def _pick(table: list[list[float]], eps: float) -> tuple[float, float]:
+    for eps_max, lr, clip in table:
+        if eps <= eps_max:
+            return float(lr), float(clip)
+    raise ValueError(f"no hyper-parameters for eps={eps}")
+
+
+def a9a_optimum(task) -> float:
+    """Non-private L* of the a9a logistic regression (mean BCE, with bias) on the full train split.
+
+    Full-batch L-BFGS in float64 (spec s.7.13: L* must be recomputed for our split).
+    """
+    x = task.dataset.x_train.double()
+    y = task.dataset.y_train.double()
+    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [w, b],
+        lr=1.0,
+        max_iter=300,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y))
+
+
+def _full_train_loss(task, params) -> float:
+    from privdl.engine.grads import evaluate
+
+    avg = {k: v.mean(dim=0) for k, v in params.items()}
+    x = task.dataset.x_train.to(next(iter(avg.values())).dtype)
+    loss, _ = evaluate(task.model, avg, x, task.dataset.y_train, loss=task.loss_name)
+    return float(loss[0])
+
+
+def _decor_grid_pair(graph, *, eps, steps, delta, clip, n, points, cor_max_factor):
+    """Spec s.6.3: smallest sigma_cdp in linspace(sigma_cdp^CDP, sigma_ldp, 50) with a sigma_cor
+    (conservative, <= 10 sigma_ldp as in the code's search range)."""
+    from privdl.accounting.conversion import step_rdp_for_epsilon
+    from privdl.privacy import decor_pair_for_step_rdp
+
+    rho = step_rdp_for_epsilon(eps, steps=steps, delta=delta)
+    s_ldp = clip * math.sqrt(2.0 / rho)
+    grid = np.linspace(s_ldp / math.sqrt(n), s_ldp, points)[1:]
+    return decor_pair_for_step_rdp(
+        graph, step_rdp=rho, clip=clip, sigma_cdp_grid=grid, sigma_cor_max=cor_max_factor * s_ldp
+    )
+
+
+def run_fig1b(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+    """Fig 1b (spec s.6.3): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
+    from privdl.topology import parse_graph
+
+    p = _preset("decor-fig1b", quick)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = dict(
+        task="a9a",
+        steps=p["steps"],
+        batch_size=p["batch_size"],
+        lr_decay=p["lr_decay"],
+        weight_decay=p["weight_decay"],
+        partition=p["partition"],
+        mixing=p["mixing"],
+        delta=p["delta"],
+        data_seed=p["data_seed"],
+        clip_mode="batch_mean",
+        sampling="without_replacement",
+        data_dir=data_dir,
+        eval_every=10**9,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    l_star = None
+    t0 = time.perf_counter()
+    for eps in p["epsilons"]:
+        for alg, topo in _methods(p["topologies"]):
+            key = alg if alg != "decor" else f"decor_{topo}"
+            lr, clip = _pick(p["hyper"][key], eps)
+            extra: dict[str, Any] = {"epsilon": float(eps)}
+            if alg == "decor":
+                g = parse_graph(p["graphs"][topo])
+                s, c = _decor_grid_pair(
+                    g.graph,
+                    eps=eps,
+                    steps=p["steps"],
+                    delta=p["delta"],
+                    clip=clip,
+                    n=g.n,
+                    points=p["sigma_cdp_grid_points"],
+                    cor_max_factor=p["sigma_cor_max_factor"],
+                )
+                extra = {"sigma": s, "sigma_cor": c}
+            runs = []
+            for seed in p["seeds"]:
+                v = dict(
+                    base,
+                    algorithm=alg,
+                    graph=p["graphs"][topo],
+                    seed=seed,
+                    lr=lr,
+                    clip=clip,
+                    **extra,
+                )
+                r = _simulate(v)
+                if l_star is None:
+                    l_star = a9a_optimum(r["_task"])
+                r["gap"] = _full_train_loss(r["_task"], r["_params"]) - l_star
+                runs.append(r)
+            gm, gs = _mean_std([r["gap"] for r in runs])
+            am, asd = _mean_std([r["final"]["accuracy"] for r in runs])
+            results[f"{alg}/{topo}/{eps}"] = dict(
+                algorithm=alg,
+                topology=topo,
+                epsilon=eps,
+                lr=lr,
+                clip=clip,
+                gap=gm,
+                gap_std=gs,
+                accuracy=am,
+                accuracy_std=asd,
+                sigma=runs[0]["sigma"],
+                sigma_cor=runs[0]["sigma_cor"],
+                epsilon_accounted=runs[0]["privacy"]["epsilon"],
+            )
+    wall = time.perf_counter() - t0
+    checks = []
+    tol = p["checks"]["cdp_over_decor_max"]
+    for eps in p["epsilons"]:
+        cdp = results[f"cdp/complete/{eps}"]
+        for topo in p["topologies"]:
+            dec, ldp = results[f"decor/{topo}/{eps}"], results[f"ldp/{topo}/{eps}"]
+            checks.append(
+                dict(
+                    name=f"eps={eps} {topo}: CDP >= DECOR (gap, factor {tol})",
+                    **{"pass": cdp["gap"] <= tol * dec["gap"], "kind": "utility"},
+                    detail=f"CDP {cdp['gap']:.4g}, DECOR {dec['gap']:.4g}",
+                )
+            )
+            checks.append(
+                dict(
+                    name=f"eps={eps} {topo}: DECOR > LDP (gap)",
+                    **{"pass": dec["gap"] < ldp["gap"], "kind": "utility"},
+                    detail=f"DECOR {dec['gap']:.4g}, LDP {ldp['gap']:.4g}",
+                )
+            )
+        for r in [x for x in results.values() if x["epsilon"] == eps]:
+            checks.append(
+                dict(
+                    name=f"eps={eps} {r['algorithm']} {r['topology']}: accounted <= eps",
+                    **{"pass": r["epsilon_accounted"] <= eps * (1 + 1e-6), "kind": "accounting"},
+                    detail=f"{r['epsilon_accounted']:.5g}",
+                )
+            )
+    series = []
+    for alg, topo in _methods(p["topologies"]):
+        pts = [results[f"{alg}/{topo}/{e}"] for e in p["epsilons"]]
+        series.append(
+            dict(
+                algorithm=alg,
+                topology=topo,
+                label=f"{alg.upper()} {topo}",
+                x=p["epsilons"],
+                y=[max(r["gap"], 1e-8) for r in pts],
+                err=[r["gap_std"] for r in pts],
+            )
+        )
+    _plot(
+        out / "fig1b.png",
+        series,
+        xlabel="epsilon",
+        ylabel="train BCE(xbar) - L*",
+        title=f"Fig 1b a9a (rebuild), {CAPTION}",
+    )
+    rows = [
+        [
+            f"{r['algorithm']} {r['topology']}",
+            str(r["epsilon"]),
+            f"{r['lr']}/{r['clip']}",
+            f"{r['sigma']:.4g}",
+            f"{r['sigma_cor']:.4g}",
+            f"{r['epsilon_accounted']:.4g}",
+            f"{r['gap']:.4g} +/- {r['gap_std']:.2g}",
+            f"{r['accuracy']:.4f}",
+        ]
+        for r in results.values()
+    ]
+    md = "\n\n".join(
+        [
+            f"# decor-fig1b: a9a logistic regression (DECOR Fig 1b){' -- quick' if quick else ''}",
+            f"{CAPTION}; user-level, n = 16, T = {p['steps']}, batch {p['batch_size']}, "
+            f"lr0/(1 + t/{p['lr_decay']:g}), weight decay {p['weight_decay']}, Dirichlet(10) split "
+            f"(disjoint), seeds {p['seeds']}. a9a is rebuilt from UCI Adult (not the byte-identical "
+            f"LIBSVM file). L* = {l_star:.4f} for our split (paper: {p['paper_l_star']} for theirs).",
+            "![fig1b](fig1b.png)",
+            _table(
+                ["method", "eps", "lr/C", "sigma", "sigma_cor", "accounted eps", "gap", "test acc"],
+                rows,
+            ),
+            "Expected (paper): DECOR closely matches CDP on all topologies and budgets, about an "
+            "order of magnitude better than LDP.",
+            "## Checks",
+            _checks_md(checks),
+            f"Run time: {wall:.0f} s.",
+        ]
+    )
+    summary = {
+        "reproduction": "decor-fig1b",
+        "quick": quick,
+        "l_star": l_star,
+        "paper_l_star": p["paper_l_star"],
+        "results": list(results.values()),
+        "checks": checks,
+        "wall_s": wall,
+    }
+    return write_outputs(out, report_md=md, summary=summary)
+
+
+REPRODUCTIONS = [
+    Reproduction(
+        name="decor-fig1a",
+        paper="DECOR (ICML'24)",
+        description="least squares: optimality gap vs eps, CDP/DECOR/LDP, 3 topologies",
+        run=run_fig1a,
+        full_runtime="~40 min on 2 CPU cores (extrapolated from the measured quick run)",
+    ),
+    Reproduction(
+        name="decor-fig1b",
+        paper="DECOR (ICML'24)",
+        description="a9a (rebuild) logistic regression: BCE gap vs eps, user level",
+        run=run_fig1b,
+        full_runtime="10-50 h on 2 CPU cores (estimated from per-step cost)",
+    ),
+]

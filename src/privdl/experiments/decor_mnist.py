@@ -1,0 +1,277 @@
+"""DECOR Fig 1c reproduction: MNIST MLP 784-128-10, example-level privacy (spec decor.md s.6.4).
+
+The paper's budgets {1e-3, 1e-2, 0.1, 1} are the reference code's uncomposed per-step value (spec
+s.4.7): they are run as published, calibrated with that legacy accountant and labelled "legacy,
+not a valid (eps, delta) guarantee", beside correctly accounted (eps, 1e-5) budgets.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privdl.experiments import Reproduction, write_outputs
+from privdl.experiments.decor import (
+    _checks_md,
+    _mean_std,
+    _methods,
+    _pick,
+    _plot,
+    _preset,
+    _simulate,
+    _table,
+)
+
+# --- Fig 1c: MNIST, example level ----------------------------------------------------------------
+
+
+def _legacy_sigmas(alg, topo_spec, *, eps, clip, batch, rate, grid, cor_max):
+    """Noise for a legacy (uncomposed) budget, calibrated as the reference code does (s.6.4)."""
+    from privdl.privacy import decor_pair_for_step_rdp, legacy_step_rdp_for_epsilon
+    from privdl.topology import parse_graph
+
+    rho = legacy_step_rdp_for_epsilon(eps, sampling_rate=rate)
+    c = clip / batch
+    s_ldp = c * math.sqrt(2.0 / rho)
+    g = parse_graph(topo_spec)
+    if alg == "ldp":
+        return s_ldp * (1 + 1e-9), 0.0
+    if alg == "cdp":
+        return s_ldp / math.sqrt(g.n) * (1 + 1e-9), 0.0
+    return decor_pair_for_step_rdp(
+        g.graph,
+        step_rdp=rho,
+        clip=c,
+        sigma_cdp_grid=np.asarray(grid) * clip,
+        sigma_cor_max=cor_max * clip,
+    )
+
+
+def run_fig1c(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+    """Fig 1c (spec s.6.4): MNIST test accuracy, legacy budgets and correctly accounted ones."""
+    from privdl.config import make_config
+    from privdl.privacy import LEGACY_LABEL, legacy_example_epsilon, step_rdp
+    from privdl.tasks import build_task
+    from privdl.topology import parse_graph
+
+    p = _preset("decor-fig1c", quick)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = dict(
+        task="mnist",
+        model=p["model"],
+        steps=p["steps"],
+        batch_size=p["batch_size"],
+        lr_decay=p["lr_decay"],
+        weight_decay=p["weight_decay"],
+        partition=p["partition"],
+        mixing=p["mixing"],
+        delta=p["delta"],
+        data_seed=p["data_seed"],
+        clip_mode="per_sample",
+        sampling="without_replacement",
+        data_dir=data_dir,
+        eval_every=10**9,
+    )
+    probe = build_task(make_config(dict(base, graph="ring:16", clip=1.0)))
+    rate = probe.sampling_rate
+    gl = p["sigma_cdp_grid"]
+    grid = np.linspace(gl[0], gl[1], int(gl[2]))
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    budgets = [("legacy", e) for e in p["legacy_epsilons"]] + [
+        ("accounted", e) for e in p["epsilons"]
+    ]
+    for kind, eps in budgets:
+        for alg, topo in _methods(p["topologies"]):
+            spec = p["graphs"][topo]
+            if kind == "legacy":
+                key = alg if alg == "cdp" else f"{alg}_{topo}"
+                lr, clip = _pick(p["hyper"][key], eps)
+                s, c = _legacy_sigmas(
+                    alg,
+                    spec,
+                    eps=eps,
+                    clip=clip,
+                    batch=p["batch_size"],
+                    rate=rate,
+                    grid=grid,
+                    cor_max=p["sigma_cor_max"],
+                )
+                extra: dict[str, Any] = {"sigma": s} | ({"sigma_cor": c} if c > 0 else {})
+            else:
+                lr, clip = p["hyper"]["default"]
+                extra = {"epsilon": float(eps)}
+            runs = []
+            for seed in p["seeds"]:
+                v = dict(base, algorithm=alg, graph=spec, seed=seed, lr=lr, clip=clip, **extra)
+                runs.append(_simulate(v))
+            am, asd = _mean_std([r["final"]["accuracy"] for r in runs])
+            r0 = runs[0]
+            cfg = make_config(dict(base, algorithm=alg, graph=spec, lr=lr, clip=clip))
+            topo_obj = parse_graph(spec if alg != "cdp" else "complete:16")
+            rho = step_rdp(cfg, topo_obj, r0["_task"], sigma=r0["sigma"], sigma_cor=r0["sigma_cor"])
+            results[f"{kind}/{alg}/{topo}/{eps}"] = dict(
+                budget=kind,
+                algorithm=alg,
+                topology=topo,
+                epsilon=eps,
+                lr=lr,
+                clip=clip,
+                accuracy=am,
+                accuracy_std=asd,
+                sigma=r0["sigma"],
+                sigma_cor=r0["sigma_cor"],
+                legacy_epsilon=legacy_example_epsilon(rho, sampling_rate=rate),
+                epsilon_accounted=r0["privacy"]["epsilon"],
+            )
+    wall = time.perf_counter() - t0
+    checks = []
+    within = p["checks"]["decor_torus_within_points"]
+    for kind, eps in budgets:
+        cdp = results[f"{kind}/cdp/complete/{eps}"]["accuracy"]
+        for topo in p["topologies"]:
+            dec = results[f"{kind}/decor/{topo}/{eps}"]["accuracy"]
+            ldp = results[f"{kind}/ldp/{topo}/{eps}"]["accuracy"]
+            checks.append(
+                {
+                    "name": f"{kind} eps={eps} {topo}: DECOR > LDP (accuracy)",
+                    "pass": dec > ldp,
+                    "kind": "utility",
+                    "detail": f"DECOR {dec:.4f}, LDP {ldp:.4f}",
+                }
+            )
+            checks.append(
+                {
+                    "name": f"{kind} eps={eps} {topo}: CDP >= DECOR - {within} point",
+                    "pass": cdp >= dec - within / 100,
+                    "kind": "utility",
+                    "detail": f"CDP {cdp:.4f}, DECOR {dec:.4f}",
+                }
+            )
+            if topo == "torus":
+                checks.append(
+                    {
+                        "name": f"{kind} eps={eps}: DECOR-torus within {within} point of CDP",
+                        "pass": abs(cdp - dec) <= within / 100,
+                        "kind": "utility",
+                        "detail": f"|{cdp:.4f} - {dec:.4f}| = {abs(cdp - dec):.4f}",
+                    }
+                )
+    for r in results.values():
+        if r["budget"] == "legacy":
+            ok = r["legacy_epsilon"] <= r["epsilon"] * (1 + 1e-6)
+            what = f"legacy eps {r['legacy_epsilon']:.4g} <= {r['epsilon']:g}"
+        else:
+            ok = r["epsilon_accounted"] <= r["epsilon"] * (1 + 1e-6)
+            what = f"accounted eps {r['epsilon_accounted']:.4g} <= {r['epsilon']:g}"
+        checks.append(
+            {
+                "name": f"{r['budget']} {r['algorithm']} {r['topology']}: calibration",
+                "pass": bool(ok),
+                "detail": what,
+                "kind": "accounting",
+            }
+        )
+    for kind, label in (
+        ("legacy", "paper budgets (" + LEGACY_LABEL + ")"),
+        ("accounted", "correctly accounted (eps, 1e-5)"),
+    ):
+        eps_list = p["legacy_epsilons"] if kind == "legacy" else p["epsilons"]
+        series = []
+        for alg, topo in _methods(p["topologies"]):
+            pts = [results[f"{kind}/{alg}/{topo}/{e}"] for e in eps_list]
+            series.append(
+                dict(
+                    algorithm=alg,
+                    topology=topo,
+                    label=f"{alg.upper()} {topo}",
+                    x=eps_list,
+                    y=[r["accuracy"] for r in pts],
+                    err=[r["accuracy_std"] for r in pts],
+                )
+            )
+        _plot(
+            out / f"fig1c_{kind}.png",
+            series,
+            xlabel="epsilon",
+            ylabel="test accuracy",
+            title=f"Fig 1c MNIST, {label}",
+            logx=True,
+            logy=False,
+        )
+    rows = [
+        [
+            r["budget"],
+            f"{r['algorithm']} {r['topology']}",
+            f"{r['epsilon']:g}",
+            f"{r['lr']}/{r['clip']}",
+            f"{r['sigma']:.4g}",
+            f"{r['sigma_cor']:.4g}",
+            f"{r['legacy_epsilon']:.3g}",
+            f"{r['epsilon_accounted']:.4g}",
+            f"{r['accuracy']:.4f} +/- {r['accuracy_std']:.3f}",
+        ]
+        for r in results.values()
+    ]
+    md = "\n\n".join(
+        [
+            f"# decor-fig1c: MNIST MLP 784-128-10 (DECOR Fig 1c){' -- quick' if quick else ''}",
+            f"Example-level: per-example clipping, batch {p['batch_size']} without replacement "
+            f"(sampling rate {rate:.4g}), T = {p['steps']}, lr0/(1 + t/{p['lr_decay']:g}), "
+            f"Dirichlet(10) split, seeds {p['seeds']}.",
+            f"**Paper budgets** {p['legacy_epsilons']}: the reference code's per-step subsampled "
+            f"value, ignoring T and delta -- {LEGACY_LABEL} (spec s.4.7). Noise calibrated with that "
+            "legacy accountant as the code does (smallest sigma_cdp on [C/1000, C/20] with sigma_cor "
+            "<= C/10). The column 'accounted eps' gives the correctly composed (eps, 1e-5) of the "
+            "same run (dp-accounting RDP, fixed-size sampling, replace-one).",
+            f"**Correctly accounted budgets** {p['epsilons']}: calibrated by the library (composed "
+            "over T, subsampled RDP); DECOR uses sigma_cdp = 2 sigma_cdp^CDP, sigma_cor solved.",
+            "![legacy](fig1c_legacy.png)",
+            "![accounted](fig1c_accounted.png)",
+            _table(
+                [
+                    "budget",
+                    "method",
+                    "eps",
+                    "lr/C",
+                    "sigma",
+                    "sigma_cor",
+                    "legacy eps",
+                    "accounted eps",
+                    "test accuracy",
+                ],
+                rows,
+            ),
+            "Expected (paper): DECOR matches CDP and beats LDP on every topology and budget; CDP-LDP "
+            "gap almost 10 points at the smallest budget; DECOR-ring/torus within 1 point of CDP.",
+            "## Checks",
+            _checks_md(checks),
+            f"Run time: {wall:.0f} s.",
+        ]
+    )
+    summary = {
+        "reproduction": "decor-fig1c",
+        "quick": quick,
+        "sampling_rate": rate,
+        "legacy_label": LEGACY_LABEL,
+        "results": list(results.values()),
+        "checks": checks,
+        "wall_s": wall,
+    }
+    return write_outputs(out, report_md=md, summary=summary)
+
+
+REPRODUCTIONS = [
+    Reproduction(
+        name="decor-fig1c",
+        paper="DECOR (ICML'24)",
+        description="MNIST MLP, example level: legacy and correctly accounted budgets",
+        run=run_fig1c,
+        full_runtime="~55 h on 2 CPU cores (estimated from per-step cost); GPU advised",
+    ),
+]

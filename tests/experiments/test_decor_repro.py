@@ -1,0 +1,203 @@
+"""DECOR reproductions (issue 4): accountant figures exact, calibration helpers against closed
+forms, the a9a optimum against scipy, and the quick reproductions' checks (slow ones marked)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from privdl.accounting import decor_step_rdp
+from privdl.experiments import get, load_preset
+from privdl.experiments.decor_accountant import fig2_values, fig3_values
+from privdl.privacy import (
+    LEGACY_LABEL,
+    decor_pair_for_step_rdp,
+    legacy_example_epsilon,
+    legacy_step_rdp_for_epsilon,
+)
+from privdl.topology import parse_graph
+
+
+def _checks(summary: dict) -> dict[str, bool]:
+    return {c["name"]: c["pass"] for c in summary["checks"]}
+
+
+# --- accountant figures -----------------------------------------------------------------------
+
+
+def test_fig2_values_match_spec_numbers() -> None:
+    # spec s.8.3 [VER]: ring, s = 41.68410907477693, T = 1000, delta = 1e-5
+    sigma_cdp, eps, lim = fig2_values(load_preset("decor-fig2"), [0.0, 10.0, 100.0, 1000.0])
+    assert sigma_cdp == pytest.approx(41.68410907477693, rel=1e-9)
+    assert eps == pytest.approx([8.43164, 7.95087, 3.52853, 1.92777], abs=6e-6)
+    assert lim == pytest.approx(1.8921, abs=1e-4)
+
+
+def test_fig3_legacy_and_composed_values_match_spec() -> None:
+    # spec s.8.3: legacy (uncomposed) 0.00758 at sigma_cor = 0.1; composed about 19.1 (and 97 at 0.02)
+    v = fig3_values(load_preset("decor-fig3"), [0.02, 0.1], with_rdp=False)
+    assert v["legacy-uncomposed"][1] == pytest.approx(0.00758, abs=5e-6)
+    assert v["classic"][1] == pytest.approx(19.1, rel=0.01)
+    assert v["classic"][0] == pytest.approx(97.0, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["decor-fig2", "decor-fig3"])
+def test_quick_accountant_reproductions(name, tmp_path) -> None:
+    summary = get(name).run(tmp_path, quick=True)
+    assert all(c["pass"] for c in summary["checks"]), summary["checks"]
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "summary.json").is_file()
+    assert list(tmp_path.glob("*.png"))
+    assert json.loads((tmp_path / "summary.json").read_text())["reproduction"] == name
+
+
+@pytest.mark.parametrize("topo", ["complete", "torus", "ring"])
+def test_fig1a_paper_pairs_give_the_spec_overshooting_totals(topo) -> None:
+    # spec s.6.2 table: the paper's pairs achieve e.g. ring 7 -> 8.14 (official-code tolerance)
+    from privdl.accounting import account_decor
+
+    p = load_preset("decor-fig1a")
+    g = parse_graph(p["graphs"][topo]).graph
+    got = [
+        account_decor(g, sigma_cdp=s, sigma_cor=c, clip=1.0, steps=3500, delta=1e-5).epsilon
+        for s, c in zip(p["paper"]["sigma_cdp"][topo], p["paper"]["sigma_cor"][topo], strict=True)
+    ]
+    # the table prints 2 decimals; the eps = 1 totals are in spec s.8.3 to 13 digits
+    assert got == pytest.approx(p["paper"]["epsilon_achieved"][topo], abs=0.01)
+    exact = {"complete": 1.0945621561614, "torus": 1.3185448014100, "ring": 1.268313286847}
+    assert got[0] == pytest.approx(exact[topo], rel=1e-11)
+
+
+# --- calibration helpers -------------------------------------------------------------------------
+
+
+def test_legacy_inverse_is_tight_and_conservative() -> None:
+    rate = 64 / 3750
+    for eps in (1e-2,):
+        rho = legacy_step_rdp_for_epsilon(eps, sampling_rate=rate)
+        assert legacy_example_epsilon(rho, sampling_rate=rate) <= eps
+        assert legacy_example_epsilon(rho * 1.001, sampling_rate=rate) > eps
+
+
+def test_legacy_value_of_spec_example() -> None:
+    g = parse_graph("ring:16").graph
+    rho = decor_step_rdp(g, sigma_cdp=0.005, sigma_cor=0.1, clip=1 / 64).step_rdp
+    assert legacy_example_epsilon(rho, sampling_rate=64 / 3750) == pytest.approx(0.00758, abs=5e-6)
+
+
+def test_decor_pair_matches_complete_graph_closed_form() -> None:
+    # K_n: eps_step = 2C^2 [1/(n s^2) + (1 - 1/n)/(s^2 + n c^2)]  (spec s.4.6), solved for c
+    n, clip, rho = 16, 1.0, 1e-3
+    s_ldp = clip * math.sqrt(2 / rho)
+    grid = [s_ldp / 4, 1.2 * s_ldp / 4, 2.0 * s_ldp / 4]  # first point infeasible (CDP limit)
+    s, c = decor_pair_for_step_rdp(
+        parse_graph("complete:16").graph, step_rdp=rho, clip=clip, sigma_cdp_grid=grid
+    )
+    assert s == grid[1]
+    c_exact = math.sqrt(((1 - 1 / n) / (rho / (2 * clip**2) - 1 / (n * s * s)) - s * s) / n)
+    assert c == pytest.approx(c_exact, rel=1e-5)
+    assert c >= c_exact * (1 - 1e-9)  # conservative side
+
+
+@pytest.mark.slow
+def test_a9a_optimum_matches_scipy() -> None:
+    from scipy.optimize import minimize
+
+    from privdl.data import load_dataset
+    from privdl.experiments.decor import a9a_optimum
+
+    ds = load_dataset("a9a")
+    ours = a9a_optimum(SimpleNamespace(dataset=ds))
+    x = np.hstack([ds.x_train.double().numpy(), np.ones((ds.x_train.shape[0], 1))])
+    y = ds.y_train.double().numpy()
+
+    def f(w):
+        z = x @ w
+        loss = np.mean(np.logaddexp(0.0, z) - y * z)
+        grad = x.T @ (1 / (1 + np.exp(-z)) - y) / len(y)
+        return loss, grad
+
+    ref = minimize(
+        f,
+        np.zeros(x.shape[1]),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": 1e-9, "maxiter": 3000},
+    )
+    # both are minimisers of the same convex loss: equal to solver tolerance
+    assert ours == pytest.approx(ref.fun, abs=2e-5)
+    assert 0.25 < ours < 0.40
+
+
+def test_simulate_window_average_matches_manual_loop() -> None:
+    from privdl.experiments.decor import _ls_metric, _simulate
+
+    values = dict(
+        task="least-squares",
+        algorithm="decor",
+        graph="ring:6",
+        mixing="decor",
+        steps=12,
+        lr=0.05,
+        clip=1.0,
+        clip_mode="batch_mean",
+        sigma=0.3,
+        sigma_cor=0.7,
+        seed=3,
+        dtype="float64",
+        ls_dim=4,
+    )
+    out = _simulate(values, window=5, metric=_ls_metric)
+    # independent replay through the library's pieces, metric computed here in numpy
+    from privdl.config import make_config
+    from privdl.runner import build
+
+    b = build(make_config(values))
+    st = b.algorithm.init(b.task.init_params(seed=3), seed=3)
+    x_star = b.task.problem.x_star
+    gaps = []
+    for t in range(1, 13):
+        st, _ = b.algorithm.step(st, b.task.oracle, b.comm)
+        if 12 - 5 < t < 12:
+            x = st.params["x"].numpy()
+            gaps.append(np.mean(np.sum((x - x_star) ** 2, axis=1)))
+    assert len(gaps) == 4
+    assert out["gap"] == pytest.approx(float(np.mean(gaps)), rel=1e-12)
+    assert torch.equal(out["_params"]["x"], st.params["x"])
+
+
+# --- quick training reproductions (minutes on a loaded 2-core machine) ---------------------------
+
+
+@pytest.mark.slow
+def test_quick_fig1a(tmp_path) -> None:
+    s = get("decor-fig1a").run(tmp_path, quick=True)
+    for c in s["checks"]:
+        if c["kind"] == "accounting" or "LDP/DECOR" in c["name"] or "torus" in c["name"]:
+            assert c["pass"], c
+    assert (tmp_path / "fig1a.png").is_file()
+
+
+@pytest.mark.slow
+def test_quick_fig1b(tmp_path) -> None:
+    s = get("decor-fig1b").run(tmp_path, quick=True)
+    assert all(c["pass"] for c in s["checks"]), s["checks"]
+    assert 0.25 < s["l_star"] < 0.40
+
+
+@pytest.mark.slow
+def test_quick_fig1c(tmp_path, shared_datasets) -> None:
+    s = get("decor-fig1c").run(tmp_path, quick=True, data_dir=str(shared_datasets))
+    for c in s["checks"]:
+        if c["kind"] == "accounting" or (
+            c["name"].startswith("accounted") and "> LDP" in c["name"]
+        ):
+            assert c["pass"], c
+    assert LEGACY_LABEL in (tmp_path / "report.md").read_text()
+    legacy = [r for r in s["results"] if r["budget"] == "legacy"]
+    # the paper's budgets are far smaller than the correctly composed epsilon of the same run
+    assert all(r["epsilon_accounted"] > 10 * r["epsilon"] for r in legacy)
