@@ -308,3 +308,12 @@ def test_supernodal_selected_inversion_on_irregular_graphs(graph):
         off = low.indices != cols
         ptr = np.concatenate([[0], np.cumsum(np.bincount(cols[off], minlength=n))])
         assert len(supernodes(ptr, low.indices[off].astype(np.int64))) - 1 < n
+
+
+def test_ill_conditioned_isolated_vertex_never_exceeds_ldp_level():
+    """Regression (found by hypothesis): path P_3, q = 1 leaves an isolated vertex; the solve's
+    rounding error must not push eps_step above the provable maximum 2C^2/sigma_cdp^2."""
+    graph = random_connected(3, 0.5, 0)
+    exact = step(graph, 0.2, 15.5, "collusion:1").step_rdp
+    assert exact <= 2 / 0.2**2
+    assert exact == pytest.approx(2 / 0.2**2, rel=1e-7)

@@ -302,6 +302,9 @@ def decor_step_rdp(
             PrivacyWarning,
             stacklevel=2,
         )
+    # Sigma >= sigma_cdp^2 I, so no diagonal entry of its inverse exceeds 1/sigma_cdp^2 (the LDP
+    # level); anything above it is rounding error of an ill-conditioned solve (cond ~ 1e4-1e6).
+    value = min(value, 1.0 / sigma_cdp**2)
     step = 2.0 * clip**2 * value
     return SecRdpStep(float(step), q, adv.label, method, worst_set, int(worst_node), disconnected)
 
