@@ -211,7 +211,7 @@ def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
     """The task a :class:`~privdl.config.RunConfig` asks for, on ``n_nodes`` nodes."""
     from privdl.topology import parse_graph
 
-    n = parse_graph(cfg.graph).n if cfg.algorithm != "cdp" else _n_from(cfg.graph)
+    n = parse_graph(cfg.graph).n
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.task == "least-squares":
         return LeastSquaresTask(
@@ -231,8 +231,3 @@ def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
         device=cfg.device,
     )
 
-
-def _n_from(spec: str) -> int:
-    from privdl.topology import parse_graph
-
-    return parse_graph(spec).n
