@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,8 +18,22 @@ from privdl.errors import ConfigError
 @click.option("--quick", is_flag=True, help="CI-sized version (fewer steps/seeds).")
 @click.option("--out", type=click.Path(), help="Output directory (default reproductions/NAME).")
 @click.option("--data-dir", help="Where dataset files are looked up first.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a preset value for this run (repeatable), e.g. --set dists=Dist1,Dist6.",
+)
 def reproduce(
-    name: str | None, list_: bool, quick: bool, out: str | None, data_dir: str | None
+    name: str | None,
+    list_: bool,
+    quick: bool,
+    out: str | None,
+    data_dir: str | None,
+    device: str,
+    overrides: tuple[str, ...],
 ) -> None:
     """Reproduce a paper figure/table: writes report.md, PNG figures and summary.json."""
     from privdl.experiments import get, registry
@@ -31,9 +48,40 @@ def reproduce(
         return
     rep = get(name)
     out_dir = Path(out or f"reproductions/{name}{'-quick' if quick else ''}")
-    kwargs = {"quick": quick}
+    kwargs: dict[str, Any] = {"quick": quick}
     if data_dir:
         kwargs["data_dir"] = data_dir
+    accepted = inspect.signature(rep.run).parameters
+    if device != "cpu":
+        if "device" not in accepted:
+            raise ConfigError(f"reproduction {name!r} runs on the CPU only; drop --device")
+        kwargs["device"] = _check_device(device)
+    if overrides:
+        if "overrides" not in accepted:
+            raise ConfigError(f"reproduction {name!r} takes no --set overrides")
+        kwargs["overrides"] = _parse_overrides(overrides)
     rep.run(out_dir, **kwargs)
     click.echo((out_dir / "report.md").read_text())
     click.echo(f"written: {out_dir}")
+
+
+def _check_device(device: str) -> str:
+    """``cpu``/``cuda``/``cuda:N``, refused with one line when CUDA is absent."""
+    import torch
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N; got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine")
+    return device
+
+
+def _parse_overrides(items: tuple[str, ...]) -> dict[str, str]:
+    """``KEY=VALUE`` strings to a dict (values stay strings; each reproduction parses its own)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
