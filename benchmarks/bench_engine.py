@@ -18,6 +18,7 @@ with the loop's on the chosen device (float64).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from privdl.engine import ClipSpec, node_gradients
+from privdl.mechanisms import independent_noise, node_noise_keys
 from privdl.models import build_model
 
 N_NODES, BATCH, IN_DIM, HIDDEN, CLASSES = 16, 64, 784, 128, 10
@@ -167,6 +169,28 @@ def main() -> None:
         )
         torch._foreach_add_(plist, grads, alpha=-LR)
 
+    node_keys = node_noise_keys(range(N_NODES), seed=0)
+    per_node = [p.numel() // N_NODES for p in plist]
+    counter = itertools.count()
+
+    def library_private_step(backend: str) -> Callable[[], None]:
+        """As ``private_step``, with privdl's per-node keyed noise streams (what DSGD/LDP runs)."""
+
+        def step() -> None:
+            r = node_gradients(model, params, x, y, loss="cross_entropy", clip=private_clip)
+            grads = [r.grads[k] for k in keys]
+            flat = independent_noise(
+                node_keys, next(counter), sum(per_node), sigma=noise_scale, device=device,
+                backend=backend,
+            )  # fmt: skip
+            noise = [
+                z.reshape(p.shape) for z, p in zip(flat.split(per_node, 1), plist, strict=True)
+            ]
+            torch._foreach_add_(grads, noise)
+            torch._foreach_add_(plist, grads, alpha=-LR)
+
+        return step
+
     def nonprivate_step() -> None:
         r = node_gradients(model, params, x, y, loss="cross_entropy")
         torch._foreach_add_(plist, [r.grads[k] for k in keys], alpha=-LR)
@@ -187,6 +211,14 @@ def main() -> None:
     t_priv += _time(private_step, iters=args.iters, warmup=1, device=device)
     t_non += _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
 
+    # the same private step with privdl's keyed streams (one per node), against non-private
+    for backend in ("chacha20", "torch"):
+        t_lib = _time(library_private_step(backend), iters=args.iters, warmup=1, device=device)
+        t_non2 = _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
+        results[f"ms_per_iter_private_{backend}_streams"] = round(1e3 * statistics.median(t_lib), 3)
+        results[f"ratio_private_{backend}_streams_over_nonprivate"] = round(
+            statistics.median(t_lib) / statistics.median(t_non2), 3
+        )
     if device.type == "cuda":  # host-side cost per step (launch-bound when close to the total)
         for name, fn in (("private", private_step), ("nonprivate", nonprivate_step)):
             torch.cuda.synchronize()

@@ -75,7 +75,8 @@ def correlated_noise(
     sigma_cor * normal_streams(s_e, t). With ``nodes`` only those rows are returned and only the
     streams of edges incident to them are generated (what a process owning a shard of nodes
     needs); its rows equal the matching rows of the full computation bit-for-bit, because
-    each row is accumulated with the same float64 operations in the same order (its incident
+    each row is accumulated with the same operations (in float64 when ``dtype`` is float64, else
+    float32) in the same order (its incident
     edges in edge order, +z_e where it is the lower endpoint, -z_e where it is the upper one),
     then scaled by sigma_cor and cast. Everything runs on ``device`` (elementwise and gather
     kernels only, so it is deterministic on CUDA too).
@@ -101,9 +102,10 @@ def correlated_noise(
         missing = array[needed[[k is None for k in keys]][0]].tolist()
         raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
     device = torch.device(device)
-    out = torch.zeros((len(rows), size), dtype=torch.float64, device=device)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.zeros((len(rows), size), dtype=work, device=device)
     if len(needed) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
-        z = normal_streams(keys, counter, size, dtype=torch.float64, device=device, backend=backend)  # type: ignore[arg-type]
+        z = normal_streams(keys, counter, size, dtype=work, device=device, backend=backend)  # type: ignore[arg-type]
         _accumulate_signed(out, z, lower[needed], upper[needed])
         out.mul_(sigma_cor)
     return out.to(dtype=dtype)
@@ -115,7 +117,7 @@ def _accumulate_signed(
     """out[row] = sum over the row's incident edges, in edge order, of +z_e (lower) or -z_e (upper).
 
     ``lower``/``upper`` hold each edge's output row or -1. The loop runs over degree slots (at most
-    the maximum degree), not over nodes; every row sees the same sequence of float64 additions
+    the maximum degree), not over nodes; every row sees the same sequence of additions
     whatever other rows are computed, which makes node subsets bit-identical to the full result.
     """
     ends = np.concatenate([lower, upper])
@@ -155,9 +157,8 @@ def independent_noise(
     sigma = _check_sigma("sigma", sigma)
     if sigma == 0.0:
         return torch.zeros((len(node_keys), size), dtype=dtype, device=device)
-    noise = normal_streams(
-        node_keys, counter, size, dtype=torch.float64, device=device, backend=backend
-    )
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    noise = normal_streams(node_keys, counter, size, dtype=work, device=device, backend=backend)
     return noise.mul_(sigma).to(dtype=dtype)
 
 

@@ -9,17 +9,20 @@ over processes, or on what was drawn before (no hidden generator state to checkp
 
 Backends
 --------
-``"chacha20"`` (default, interoperable, documented in docs/secrets.md):
+``"chacha20"`` (default, interoperable, documented in docs/secrets.md, layout v2):
     keystream = ChaCha20 (RFC 8439 block function) with key = the 32-byte stream key, initial block
-    counter 0 and the 96-bit nonce ``counter (8 bytes LE) || substream (4 bytes LE)``. The keystream
-    is read as little-endian uint64 words; a row of ``size`` normals uses m = ceil(size / 2) pairs
-    from 2m words w_0..w_2m-1. With k_j = w_j mod 2^52: u1_j = 1 - k_j 2^-52 in (0, 1],
-    u2_j = k_m+j 2^-52 in [0, 1), r_j = sqrt(-2 ln u1_j), and x_j = r_j cos(2 pi u2_j),
-    x_m+j = r_j sin(2 pi u2_j); the row is x_0..x_size-1 (float64, then cast). Exact layout:
-    docs/secrets.md and :func:`uniforms_to_normals`.
+    counter 0 and the 96-bit nonce ``counter (8 bytes LE) || substream (4 bytes LE)``. A row of
+    ``size`` normals uses m pairs (m = ceil(size / 2) rounded up to even) from the first 12 m
+    keystream bytes: m little-endian uint64 words w_j (radius), then m little-endian int32 words
+    s_j (angle). With k_j = w_j mod 2^52: u1_j = 1 - k_j 2^-52 in (0, 1] (exact in float64, then
+    rounded to float32, which keeps the smallest value 2^-52 and so the tail radius 8.49),
+    r_j = sqrt(-2 ln u1_j) and angle_j = s_j * (2 pi 2^-32) in [-pi, pi), in float32;
+    x_j = r_j cos(angle_j), x_m+j = r_j sin(angle_j); the row is x_0..x_size-1 (float32).
+    Exact layout: docs/secrets.md and :func:`keystream_to_normals`.
 ``"torch"``:
     a ``torch.Generator`` per stream on the target device, seeded with the first 8 bytes of
-    SHA-256(label || key || counter || substream), then ``torch.randn`` in float64. Same
+    SHA-256(label || key || counter || substream), then ``torch.randn`` in the requested dtype
+    (float32 or float64; streams in parallel threads on the CPU). Same
     determinism contract within one torch version and one device type, but not interoperable.
 """
 
@@ -45,7 +48,7 @@ try:  # optional: a fused ChaCha20 kernel for CUDA devices
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
-__all__ = ["KEY_BYTES", "NormalBackend", "keystream", "normal_streams", "uniforms_to_normals"]
+__all__ = ["KEY_BYTES", "NormalBackend", "keystream", "keystream_to_normals", "normal_streams"]
 
 KEY_BYTES = 32
 NormalBackend = Literal["chacha20", "torch"]
@@ -83,24 +86,47 @@ def keystream(key: bytes, counter: int, n_bytes: int, *, substream: int = 0) -> 
     return enc.encryptor().update(bytes(n_bytes))
 
 
-def uniforms_to_normals(words: torch.Tensor, size: int) -> torch.Tensor:
-    """Box-Muller on rows of 64-bit words (..., 2m) -> float64 normals (..., size), size <= 2m.
+def row_pairs(size: int) -> int:
+    """Number m of Box-Muller pairs a row of ``size`` normals uses: ceil(size / 2), made even."""
+    return ((size + 1) // 2 + 1) // 2 * 2
 
-    ``words`` is an int64 tensor holding the little-endian uint64 keystream words; it is consumed
-    (overwritten in place). With k = w mod 2^52 the word is mapped exactly to the double
-    f = 1 + k 2^-52 in [1, 2) by setting the exponent bits; the first half of a row gives
-    u1 = 2 - f in (0, 1] (radius sqrt(-2 ln u1)), the second half u2 = f - 1 in [0, 1)
-    (angle 2 pi u2). Output j < m is r_j cos(angle_j), output m + j is r_j sin(angle_j).
+
+def keystream_to_normals(raw: torch.Tensor, size: int) -> torch.Tensor:
+    """Box-Muller on keystream rows (..., 12 m) uint8 -> float32 normals (..., size), layout v2.
+
+    Bytes [0, 8m) of a row are m little-endian uint64 words: with k = w mod 2^52 the word is
+    mapped exactly to the double f = 1 + k 2^-52 in [1, 2) by setting the exponent bits, and
+    u1 = 2 - f in (0, 1] (exact), rounded to float32, gives the radius sqrt(-2 ln u1) (float32
+    keeps u1's relative precision down to 2^-52, so the largest radius stays 8.49, as with a
+    float64 transform; see docs/secrets.md). Bytes [8m, 12m) are m little-endian int32 words s;
+    the angle is float32(s) * float32(2 pi 2^-32) in [-pi, pi). Output j < m is r_j cos(angle_j),
+    output m + j is r_j sin(angle_j), in float32. The row's stride must be a multiple of 8 bytes.
     """
-    half = words.shape[-1] // 2
-    floats = words.bitwise_and_(_LOW52).bitwise_or_(_ONE_BITS).view(torch.float64)
-    radius = torch.sub(2.0, floats[..., :half]).log_().mul_(-2.0).sqrt_()
-    theta = floats[..., half:].sub_(1.0).mul_(2.0 * math.pi)
-    torch.cos(theta, out=floats[..., :half]).mul_(radius)
-    theta.sin_().mul_(radius)
-    return floats[..., :size]
+    m = raw.shape[-1] // 12
+    if m == 0 or raw.numel() == 0:
+        return torch.empty((*raw.shape[:-1], size), dtype=torch.float32, device=raw.device)
+    if sys.byteorder != "little":  # the words are defined as little-endian
+        raise PrivacyError("the chacha20 noise backend needs a little-endian machine")
+    words = raw[..., : 8 * m].view(torch.int64)
+    radius = (
+        words.bitwise_and(_LOW52)
+        .bitwise_or_(_ONE_BITS)
+        .view(torch.float64)
+        .neg_()
+        .add_(2.0)
+        .to(torch.float32)
+        .log_()
+        .mul_(-2.0)
+        .sqrt_()
+    )
+    angle = raw[..., 8 * m : 12 * m].view(torch.int32).to(torch.float32).mul_(_ANGLE_STEP)
+    out = torch.empty((*raw.shape[:-1], 2 * m), dtype=torch.float32, device=raw.device)
+    torch.cos(angle, out=out[..., :m]).mul_(radius)
+    torch.sin(angle, out=out[..., m:]).mul_(radius)
+    return out[..., :size]
 
 
+_ANGLE_STEP = 2.0 * math.pi * 2.0**-32  # rounded to float32 by the float32 multiply
 _SIGMA_WORDS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 
 if triton is not None:
@@ -203,38 +229,47 @@ def _chacha20_words_cuda(
 def _chacha20_normals(
     keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
 ) -> torch.Tensor:
-    n_pairs = (size + 1) // 2
-    n_bytes = 16 * n_pairs
+    m = row_pairs(size)
+    n_bytes = 12 * m
     if n_bytes > _MAX_STREAM_BYTES:
         raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
     nonce = _nonce(counter, substream)
-    on_gpu = device.type == "cuda" and keys and n_pairs < 2**29  # 32-bit offsets in a row
+    on_gpu = device.type == "cuda" and keys and m < 2**29  # 32-bit offsets in a row
     kernel = _triton_chacha20_kernel() if on_gpu else None
+    checked = [_check_key(key) for key in keys]
     if kernel is not None:
-        checked = [_check_key(key) for key in keys]
-        words = _chacha20_words_cuda(checked, nonce, 2 * n_pairs, device, kernel)
-        return uniforms_to_normals(words, size)
+        words = _chacha20_words_cuda(checked, nonce, n_bytes // 8, device, kernel)
+        return keystream_to_normals(words.view(torch.uint8), size)
     zeros = bytes(n_bytes)
     buffer = bytearray(max(len(keys) * n_bytes, 8))
     view = memoryview(buffer)
-    checked = [_check_key(key) for key in keys]
 
     def fill(k: int) -> None:  # one OpenSSL call per stream, into its own slice of the buffer
         encryptor = Cipher(algorithms.ChaCha20(checked[k], nonce), mode=None).encryptor()
         encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
 
-    workers = min(len(keys), _MAX_WORKERS, os.cpu_count() or 1)
-    if workers > 1 and len(buffer) >= _PARALLEL_BYTES:  # OpenSSL releases the GIL
+    _in_threads(fill, len(keys), parallel=len(buffer) >= _PARALLEL_BYTES)
+    raw = torch.frombuffer(buffer, dtype=torch.uint8)[: len(keys) * n_bytes]
+    raw = raw.reshape(len(keys), n_bytes).to(device)  # Box-Muller runs where the data goes
+    return keystream_to_normals(raw, size)
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _in_threads(fn: Any, count: int, *, parallel: bool) -> None:
+    """``fn(k)`` for k < count, in threads when ``parallel`` (the callees release the GIL)."""
+    workers = min(count, _MAX_WORKERS, _usable_cpus())
+    if parallel and workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(fill, range(len(keys))))
+            list(pool.map(fn, range(count)))
     else:
-        for k in range(len(keys)):
-            fill(k)
-    words = torch.frombuffer(buffer, dtype=torch.int64)[: len(keys) * 2 * n_pairs]
-    if sys.byteorder != "little":  # the keystream words are defined as little-endian
-        words = torch.from_numpy(words.numpy().byteswap())
-    words = words.reshape(len(keys), 2 * n_pairs).to(device)  # Box-Muller runs where the data goes
-    return uniforms_to_normals(words, size)
+        for k in range(count):
+            fn(k)
 
 
 def _torch_seed(key: bytes, counter: int, substream: int) -> int:
@@ -245,13 +280,23 @@ def _torch_seed(key: bytes, counter: int, substream: int) -> int:
 
 
 def _torch_normals(
-    keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
+    keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    substream: int,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    out = torch.empty((len(keys), size), dtype=torch.float64, device=device)
-    generator = torch.Generator(device=device)
-    for k, key in enumerate(keys):
-        generator.manual_seed(_torch_seed(key, counter, substream))
-        torch.randn(size, generator=generator, dtype=torch.float64, out=out[k])
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    out = torch.empty((len(keys), size), dtype=work, device=device)
+    seeds = [_torch_seed(key, counter, substream) for key in keys]
+
+    def fill(k: int) -> None:  # one generator per stream: rows do not depend on each other
+        generator = torch.Generator(device=device).manual_seed(seeds[k])
+        torch.randn(size, generator=generator, dtype=work, device=device, out=out[k])
+
+    big = device.type == "cpu" and out.numel() * out.element_size() >= _PARALLEL_BYTES
+    _in_threads(fill, len(keys), parallel=big)
     return out
 
 
@@ -269,12 +314,13 @@ def normal_streams(
 
     DECOR Alg 1 line 3 draws v_ij^(t) fresh at every t; use the iteration t as ``counter`` and the
     agreed edge secret (or a node's private noise key) as the stream key. ``substream`` separates
-    several independent draws within one step (e.g. chunks). Values are computed in float64 and
-    then cast to ``dtype``. ``"chacha20"``: the keystream is made by OpenSSL on the CPU (threads
+    several independent draws within one step (e.g. chunks). ``"chacha20"``: the keystream is made by OpenSSL on the CPU (threads
     for large requests) or, on CUDA with Triton installed, by a fused kernel on the GPU (the same
-    bits); Box-Muller runs on ``device``. CPU and CUDA results agree to a few ulps (their libm
-    differ) and are bit-identical on one device. ``"torch"``: the generator lives on ``device`` (CPU: Mersenne Twister; CUDA:
-    Philox), so CPU and CUDA values differ entirely.
+    bits); Box-Muller runs on ``device`` in float32 (layout v2). CPU and CUDA results agree to a
+    few float32 ulps (their libm differ) and are bit-identical on one device; the values are
+    float32 numbers, cast to ``dtype``. ``"torch"``: ``torch.randn`` in ``dtype`` (float32 or
+    float64) from a generator on ``device`` (CPU: Mersenne Twister; CUDA: Philox), so CPU and CUDA
+    values differ entirely.
 
     Returns a tensor of shape ``(len(keys), size)``.
     """
@@ -284,7 +330,7 @@ def normal_streams(
     if backend == "chacha20":
         rows = _chacha20_normals(keys, counter, size, substream, device)
     elif backend == "torch":
-        rows = _torch_normals(keys, counter, size, substream, device)
+        rows = _torch_normals(keys, counter, size, substream, device, dtype)
     else:
         raise PrivacyError(f"unknown normal-stream backend {backend!r}; use 'chacha20' or 'torch'")
     return rows.to(dtype=dtype, device=device)
