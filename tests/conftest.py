@@ -6,6 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a red build is reproducible); set
+# HYPOTHESIS_PROFILE=explore locally to search new random examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = Path(os.environ.get("PRIVDL_TEST_DATASETS", ROOT.parent / "shared" / "datasets"))

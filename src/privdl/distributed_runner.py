@@ -16,6 +16,7 @@ Entry point for processes started by ``privdl launch``: ``python -m privdl.distr
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -111,13 +112,19 @@ def init_shard_state(
     seed: int | None,
     session_id: str = "",
     transport: DistributedKeyTransport | None = None,
-) -> DSGDState | DecorState:
+    oracle: Any = None,
+) -> Any:
     """The algorithm's state for the owned rows ``params`` (same keys as ``algorithm.init``).
 
-    Node noise keys are derived only for owned nodes (other entries ``None``). DECOR's edge
-    secrets come from a real X25519 exchange of public keys with the ranks that own neighbouring
-    nodes (:class:`DistributedKeyTransport`); with a seed the key pairs are the simulator's, so the
-    streams are identical (INSECURE, reproducible mode, as in the simulator).
+    D-SGD and DECOR: node noise keys are derived only for owned nodes (other entries ``None``).
+    DECOR's edge secrets come from a real X25519 exchange of public keys with the ranks that own
+    neighbouring nodes (:class:`DistributedKeyTransport`); with a seed the key pairs are the
+    simulator's, so the streams are identical (INSECURE, reproducible mode, as in the simulator).
+
+    Any other algorithm whose ``init`` accepts ``nodes`` (PORTER, PrivSGP-VR) is initialised with
+    ``algorithm.init(params, [oracle,] seed=seed, nodes=owned)``: it derives its keys for the
+    global ids it holds. ``oracle`` is passed positionally when ``init`` takes one (PrivSGP-VR's
+    initial gradients); a ``session_id`` only to an ``init`` that accepts one.
     """
     from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
 
@@ -148,6 +155,20 @@ def init_shard_state(
     if isinstance(algorithm, DSGD):
         keys = keys_for_owned() if algorithm.sigma > 0 else ()
         return DSGDState(params=params, t=0, noise_keys=keys)  # type: ignore[arg-type]
+    init = getattr(algorithm, "init", None)
+    sig = inspect.signature(init) if callable(init) else None
+    if sig is not None and "nodes" in sig.parameters:
+        args: tuple[Any, ...] = ()
+        if "oracle" in sig.parameters:
+            if oracle is None:
+                raise ConfigError(f"{type(algorithm).__name__}.init needs the shard's oracle")
+            args = (oracle,)
+        kw: dict[str, Any] = {"seed": seed, "nodes": owned}
+        if session_id:
+            if "session_id" not in sig.parameters:
+                raise ConfigError(f"{type(algorithm).__name__}.init takes no session_id")
+            kw["session_id"] = session_id
+        return init(params, *args, **kw)
     raise ConfigError(f"{type(algorithm).__name__} has no distributed state initialiser yet")
 
 

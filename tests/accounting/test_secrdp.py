@@ -166,7 +166,9 @@ def test_theorem_bound_never_below_exact(n, p, seed, s, c, q):
         q = 0
     graph = random_connected(n, p, seed)
     exact = step(graph, s, c, f"collusion:{q}").step_rdp
-    assert theorem_bound(graph, sigma_cdp=s, sigma_cor=c, adversary=q) >= exact * (1 - 1e-9)
+    # 1e-8: the exact value comes from a solve whose conditioning grows like (c / s)^2 (found by
+    # hypothesis: s = 0.21875, c = 13 gives a 1.2e-9 relative rounding difference)
+    assert theorem_bound(graph, sigma_cdp=s, sigma_cor=c, adversary=q) >= exact * (1 - 1e-8)
     # and the trivial sandwich of spec s.8.3 (q = 0)
     exact0 = step(graph, s, c).step_rdp
     assert 2 / (n * s**2) * (1 - 1e-12) <= exact0 <= 2 / s**2 * (1 + 1e-12)

@@ -250,3 +250,72 @@ def test_bad_config() -> None:
         FederatedConfig(batch_sizes=(8,), lr=0.1, rounds=1, epsilons=(1.0,), sampling="full")
     with pytest.raises(ConfigError):
         build_aggregator("nope")
+
+
+def _round_on(device: str, cfg: FederatedConfig, agg: str, **agg_kw):
+    """One round with the data and the params on ``device``; returns (fl, state, info, eval)."""
+    counts = [30, 40, 35, 45]
+    _x, _y, data = _data(counts, d=5, classes=3)
+    dev = torch.device(device)
+    data = type(data)(data.x.to(dev), data.y.to(dev), data.counts.to(dev))
+    model = build_model("linear", in_shape=(5,), n_classes=3)
+    fl = FederatedDPSGD(model, data, config=cfg, aggregator=build_aggregator(agg, **agg_kw))
+    params = model.init(n_nodes=1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    state = fl.init({k: v.to(dev) for k, v in params.items()}, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RPCANotConvergedWarning)
+        new, info = fl.step(state)
+    return fl, new, info, evaluate_clients(model, new.theta, data)
+
+
+_PRIVATE = FederatedConfig(batch_sizes=(5, 6, 4, 8), lr=0.1, rounds=2, epsilons=(1, 2, 4, 8))
+_DETERMINISTIC = FederatedConfig(batch_sizes=(1,) * 4, lr=0.3, rounds=1, sampling="full")
+
+
+def _check_devices(device: str, fl, new, info, ev) -> None:
+    assert fl.init({}, seed=0).generator.device.type == torch.device(device).type
+    for v in new.theta.values():
+        assert v.device.type == torch.device(device).type and bool(torch.isfinite(v).all())
+    for key, v in info.items():  # metrics come back on the CPU
+        if torch.is_tensor(v):
+            assert v.device.type == "cpu", key
+    assert float(info["weights"].sum()) == pytest.approx(1.0)
+    for v in ev.values():
+        assert v.device.type == "cpu" and bool(torch.isfinite(v).all())
+    assert bool(((ev["accuracy"] >= 0) & (ev["accuracy"] <= 1)).all())
+
+
+@pytest.mark.parametrize("agg", ["robust-hdp", "oracle", "pfa"])
+def test_round_keeps_tensors_on_the_data_device(agg) -> None:
+    """CPU: the round's outputs live on the data's device, metrics on the CPU (the same checks
+    run on CUDA in the gpu test below)."""
+    out = _round_on("cpu", _PRIVATE, agg, **({"max_iter": 200} if agg == "robust-hdp" else {}))
+    _check_devices("cpu", *out)
+
+
+def test_communicator_size_must_match_clients() -> None:
+    from privdl.algorithms.federated import federated_communicator
+
+    cfg = FederatedConfig(batch_sizes=(2, 2), lr=0.1, rounds=1, sampling="full")
+    _x, _y, data = _data([5, 9])
+    model = build_model("linear", in_shape=(6,), n_classes=3)
+    with pytest.raises(ConfigError, match="3 nodes for 2 clients"):
+        FederatedDPSGD(
+            model, data, config=cfg, aggregator=build_aggregator("fedavg"),
+            comm=federated_communicator(3),
+        )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_round_matches_cpu() -> None:
+    """CUDA: a deterministic round (full batches, no noise) equals the CPU round within 1e-10;
+    a private robust-HDP round (CUDA's random stream differs from the CPU's) stays on the
+    device, gives finite accuracies and weights summing to 1."""
+    _fl, cpu, _i, cpu_eval = _round_on("cpu", _DETERMINISTIC, "fedavg")
+    out = _round_on("cuda", _DETERMINISTIC, "fedavg")
+    _check_devices("cuda", *out)
+    for k, v in cpu.theta.items():
+        torch.testing.assert_close(out[1].theta[k].cpu(), v, rtol=0, atol=1e-10)
+    torch.testing.assert_close(out[3]["accuracy"], cpu_eval["accuracy"])
+    _check_devices("cuda", *_round_on("cuda", _PRIVATE, "robust-hdp", max_iter=200))

@@ -308,3 +308,27 @@ def test_bad_options_raise_config_errors():
         alg.init({"x": torch.randn(3, 4)}, seed=0)  # agents must share x_bar^(0)
     with pytest.raises(ConfigError):
         shift_step(omega=-1.0)
+
+
+def test_init_for_held_nodes_derives_their_global_keys_and_noise():
+    """Sharded init (``nodes=``): keys/noise of agent i do not depend on which rows are held."""
+    task = Quadratic()
+    alg = porter_dp(step_size=0.05, gamma=0.3, compressor=Identity(), tau=1.0, sigma_p=0.7)
+    full = alg.init(_x0(), seed=3)
+    held = [1, 3, 4]
+    part = alg.init({"x": _x0()["x"][held]}, seed=3, nodes=held)
+    assert full.nodes == tuple(range(N)) and part.nodes == tuple(held)
+    assert part.noise_keys == tuple(node_noise_keys(held, seed=3))
+    assert part.noise_keys == tuple(full.noise_keys[i] for i in held)
+
+    def oracle_rows(params, t, *, clip):  # the task's oracle restricted to the held agents
+        res = task.oracle({"x": _x0()["x"]}, t, clip=clip)
+        return GradResult({"x": res.grads["x"][held]}, res.loss[held])
+
+    g_full, _ = alg.gradients(full, task.oracle, _comm()[0])
+    g_part, _ = alg.gradients(part, oracle_rows, _comm()[0])
+    torch.testing.assert_close(g_part, g_full[held], rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="node ids"):
+        alg.init({"x": _x0()["x"][held]}, seed=3, nodes=[0, 1])
+    with pytest.raises(ConfigError, match="noise keys"):  # keys of 3 agents, gradients of 5
+        alg.gradients(part, lambda p, t, *, clip: task.oracle(_x0(), t, clip=clip), _comm()[0])

@@ -14,11 +14,13 @@ from privdl.algorithms.privsgp import (
     LeastSquaresSamples,
     ModelSamples,
     PrivSGP,
+    describe_table,
     flatten,
     noise_plan,
     optimal_steps,
     rdp_epsilon,
     rdp_noise_multiplier,
+    table_bytes,
 )
 from privdl.comm.local import LocalCommunicator
 from privdl.errors import ConfigError, PrivacyError
@@ -392,3 +394,89 @@ def test_dp2sgd_step_matches_matrix_form(asynchronous):
         g = g + 0.2 * independent_noise(state.noise_keys, state.t, d, sigma=1.0, dtype=D64)
         state, _ = alg.step(state, oracle, comm)
         assert torch.allclose(state.params["x"], w @ x - 0.1 * g, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- devices
+def _device_run(device: str, steps: int = 3) -> tuple[PrivSGP, object, list[float]]:
+    """A few PrivSGP-VR steps of a width-2 ResNet-18-GN (float64) on ``device``.
+
+    Data and ``x^0`` are made on the CPU and moved, so every device starts from the same point;
+    the sample indices and the ChaCha20 noise are device-independent draws.
+    """
+    from privdl.data import load_dataset
+    from privdl.models import build_model
+
+    n, m = 4, 4
+    ds = load_dataset("synthetic-cifar10", seed=0, n_train=n * m, n_test=8)
+    x = ds.x_train[: n * m].reshape(n, m, 3, 32, 32).to(device=device, dtype=D64)
+    y = ds.y_train[: n * m].reshape(n, m).to(device)
+    model = build_model("resnet18-gn", in_shape=(3, 32, 32), n_classes=10, width=2)
+    params = model.init(
+        n_nodes=n, generator=torch.Generator().manual_seed(0), dtype=D64, device=device
+    )
+    oracle = ModelSamples(model, x, y, block_size=2, clip=5.0, table_dtype=D64)
+    comm = LocalCommunicator(ExponentialGraph(n), dtype=D64, device=device)
+    alg = PrivSGP(StepSize(0.2), sigmas=[0.01, 0.02, 0.03, 0.04])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # small kernels: 2 threads are ~10x slower on a shared machine
+    try:
+        state = alg.init(params, oracle, seed=3)
+        losses = []
+        for _ in range(steps):
+            state, info = alg.step(state, oracle, comm)
+            losses.append(float(info["loss"].mean()))
+    finally:
+        torch.set_num_threads(before)
+    return alg, state, losses
+
+
+def _state_tensors(state) -> dict[str, torch.Tensor]:
+    return {"x": flatten(state.x), "w": state.w, "table": state.table, "mean": state.table_mean}
+
+
+def test_device_cpu_explicit_path():
+    """The device path with ``device="cpu"``: state on the device, finite, reproducible."""
+    _, a, losses = _device_run("cpu")
+    _, b, _ = _device_run("cpu")
+    for name, v in _state_tensors(a).items():
+        assert v.device.type == "cpu" and v.dtype == D64, name
+        assert bool(torch.isfinite(v).all()), name
+        assert torch.equal(v, _state_tensors(b)[name]), name  # no global RNG anywhere
+    assert all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_device_cuda_matches_cpu():
+    """PrivSGP-VR on CUDA follows the CPU run (float64): same samples, noise within ulps."""
+    _, cpu, _ = _device_run("cpu")
+    _, gpu, losses = _device_run("cuda")
+    ref = _state_tensors(cpu)
+    for name, v in _state_tensors(gpu).items():
+        assert v.device.type == "cuda", name
+        torch.testing.assert_close(v.cpu(), ref[name], rtol=0, atol=1e-6, msg=name)
+    assert float((ref["x"] - flatten(_device_run("cpu", steps=0)[1].x)).abs().max()) > 1e-4
+    assert all(math.isfinite(v) for v in losses)
+
+
+def test_table_memory_paper_resnet18_and_full_preset():
+    """The paper's ResNet-18 (n = 16, J = 3125, 625-sample blocks) needs ~3.6 GB: refused by the
+    default 2 GiB budget before any gradient is computed; the full preset's table fits its own."""
+    from privdl.experiments import load_preset
+    from privdl.models import build_model
+
+    def oracle_for(width: int, block: int, per_node: int) -> ModelSamples:
+        model = build_model("resnet18-gn", in_shape=(3, 32, 32), n_classes=10, width=width)
+        x = torch.zeros(1, 1, 3, 32, 32).expand(16, per_node, 3, 32, 32)  # no memory
+        return ModelSamples(model, x, torch.zeros(16, per_node, dtype=torch.long), block)
+
+    paper = oracle_for(64, 625, 3125)
+    d = paper.dim
+    assert 11.1e6 < d < 11.2e6  # ResNet-18 (paper: d = 11,173,962 with BatchNorm)
+    assert table_bytes(paper) == 16 * 5 * d * 4
+    assert "16 nodes x 5 entries" in describe_table(paper)
+    with pytest.raises(ConfigError, match=r"needs 3\.33 GiB .* budget is 2\.00 GiB"):
+        PrivSGP(StepSize(0.1)).init({"w": torch.zeros(16, 1)}, paper, seed=0)
+    full = load_preset("privsgp-cifar")["full"]
+    mine = oracle_for(full["width"], full["block_size"], full["n_train"] // full["n"])
+    assert table_bytes(mine) <= full["table_budget_gib"] * 2**30

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from privdl.experiments import get, load_preset
 
@@ -28,9 +29,16 @@ def test_quick_mnist_reproductions(name, tmp_path, shared_datasets):
     assert list(tmp_path.glob("*.png"))
 
 
-def test_quick_cifar_reproduction(tmp_path):
-    summary = get("privsgp-cifar").run(tmp_path, quick=True)
+def test_quick_cifar_reproduction(tmp_path, capsys):
+    summary = get("privsgp-cifar").run(tmp_path, quick=True, device="cpu")
     _check(tmp_path, summary)
+    assert summary["device"] == "cpu" and summary["results"]["complete"]
+    # the SAGA table's memory is printed (16 nodes x 64/4 blocks x d floats) with progress lines
+    d = summary["results"]["training"]["PrivSGP-VR"]["table"]
+    assert d.startswith("16 nodes x 4 entries x ")
+    assert d in (tmp_path / "report.md").read_text()
+    err = capsys.readouterr().err
+    assert "PrivSGP-VR: k=8/8" in err and "s] " in err
     plan = summary["results"]["planning"]
     # independent closed forms (spec §9 T16): c2 = 1 gives K* = 432.695; sigma(K*) = 0.225857
     assert abs(plan["K_star_c2_1"] - 432.695) < 1e-2
@@ -48,3 +56,37 @@ def test_presets_have_quick_and_full():
     ):
         preset = load_preset(name)
         assert set(preset["quick"]) <= set(preset["full"]) | {"table_budget_gib"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+def test_quick_cifar_reproduction_cuda(tmp_path):
+    summary = get("privsgp-cifar").run(tmp_path, quick=True, device="cuda")
+    _check(tmp_path, summary)
+    assert summary["device"].startswith("cuda")
+
+
+def test_overrides_are_typed_and_unknown_keys_refused(tmp_path):
+    from privdl.cli.main import main as cli_main
+    from privdl.errors import ConfigError
+    from privdl.experiments.privsgp import _cfg
+
+    top, cfg = _cfg("privsgp-cifar", True, {"steps": "3", "sigma2": "0.5", "n": "8"})
+    assert (cfg["steps"], top["sigma2"], cfg["n"]) == (3, 0.5, 8)
+    assert _cfg("privsgp-mnist-speedup", True, {"n": "2,4"})[1]["n"] == [2, 4]
+    with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
+        _cfg("privsgp-cifar", True, {"bogus": "1"})
+    with pytest.raises(ConfigError, match="expected a int"):
+        _cfg("privsgp-cifar", True, {"steps": "many"})
+    args = ["reproduce", "privsgp-cifar", "--quick", "--out", str(tmp_path), "--set", "bogus=1"]
+    assert cli_main(args) == 2
+
+
+def test_time_limit_stops_early_and_reports_it(tmp_path):
+    """A run past its deadline stops, evaluates there, and the partial outputs say so."""
+    from privdl.experiments.privsgp import run_cifar
+
+    summary = run_cifar(tmp_path, quick=True, overrides={"time_limit_s": "0.001", "steps": "50"})
+    for r in summary["results"]["training"].values():
+        assert r["stopped_early"] and r["steps_done"] == 1 < r["steps_planned"] == 50
+    assert "1 of 50 (time limit)" in (tmp_path / "report.md").read_text()

@@ -241,7 +241,8 @@ def test_cuda_agrees_with_cpu_and_keeps_subsets_bitwise() -> None:
     gpu = correlated_noise(
         keys, edges, 16, 2, 4001, sigma_cor=1.3, dtype=torch.float64, device="cuda"
     )
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-12, atol=1e-12)
+    # the streams are float32 numbers (layout v2): CUDA's and SLEEF's float32 libm differ by ulps
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
     assert gpu.sum(0).abs().max() <= 1e-12 * gpu.abs().max()
     part = correlated_noise(
         keys, edges, 16, 2, 4001, sigma_cor=1.3, dtype=torch.float64, device="cuda", nodes=[9, 1]

@@ -19,11 +19,23 @@ E``); each client's epsilon is then certified by dp-accounting's RDP accountant
 (:meth:`FederatedDPSGD.client_budgets`; threat model "server", example-level).
 
 Random draws per local step, in this order (tests replay them): ``rand(n, m_max)`` for Poisson
-sampling, then ``randn(n, *shape)`` for each parameter in model order.
+sampling, then ``randn(n, *shape)`` for each parameter in model order, from one generator on the
+data's device (``torch.Generator(device=data.x.device)``; CUDA and CPU streams differ).
+
+Sharded (``torch.distributed``, docs/distributed.md): with a
+:class:`~privdl.comm.distributed.DistributedCommunicator` every process holds the same data and
+config, and runs the local steps of the clients it owns (``comm.owned``) only. Every process
+draws the full ``(n, ...)`` tensors above from the same seeded generator and keeps its rows, so a
+client's draws do not depend on the sharding and the round equals the simulator's (cost: the
+draws of all n clients on every process, O(n (m_max + p)) per local step, small next to the
+owned clients' gradients). The server's update matrix M is gathered with ``all_gather_nodes``;
+every process runs the aggregator on it, rank 0's (the server's) weights are broadcast, and the
+aggregate is ``weighted_sum`` (local partial sums plus one all-reduce).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -130,6 +142,31 @@ def flatten_tree(tree: Tree, *, leading: bool = True) -> Tensor:
     return torch.cat([v.reshape(-1) for v in tree.values()])
 
 
+@functools.lru_cache(maxsize=4096)
+def _noise_multiplier(
+    eps: float,
+    batch_size: float,
+    num_samples: int,
+    local_epochs: int,
+    rounds: int,
+    delta: float,
+    decimals: int | None,
+) -> float:
+    """One client's ``z_i`` from the reference accountant (a bisection; cached: experiments
+    build many trainers with the same clients)."""
+    return float(
+        robust_hdp_noise_multipliers(
+            [eps],
+            [batch_size],
+            num_samples=num_samples,
+            local_epochs=local_epochs,
+            rounds=rounds,
+            delta=delta,
+            decimals=decimals,
+        )[0]
+    )
+
+
 class FederatedDPSGD:
     """Heterogeneous DP federated training (Robust-HDP Algorithm 1 and its baselines)."""
 
@@ -145,9 +182,18 @@ class FederatedDPSGD:
         n = data.counts.numel()
         if len(config.batch_sizes) != n:
             raise ConfigError(f"{len(config.batch_sizes)} batch sizes for {n} clients")
+        if comm is not None and comm.n_nodes != n:
+            raise ConfigError(f"the communicator has {comm.n_nodes} nodes for {n} clients")
         self.model, self.data, self.config, self.aggregator = model, data, config, aggregator
         self.n = n
         self.comm = comm if comm is not None else federated_communicator(n, dtype=data.x.dtype)
+        self.device = data.x.device
+        self._counts = data.counts.to(self.device)
+        #: the global ids of the clients this process runs (all of them in the simulator)
+        self.rows = self.comm.owned.to(self.device)
+        self.sharded = self.rows.numel() != n
+        self._x = data.x.index_select(0, self.rows) if self.sharded else data.x
+        self._y = data.y.index_select(0, self.rows) if self.sharded else data.y
         counts = data.counts.cpu().numpy().astype(np.int64)
         b = (
             counts.astype(float)
@@ -165,20 +211,20 @@ class FederatedDPSGD:
         if config.private:
             eps = np.asarray(config.epsilons, float)
             self.noise_epsilons = aggregator.noise_epsilon(eps)
-            self.noise_multipliers = np.stack(
+            self.noise_multipliers = np.array(
                 [
-                    robust_hdp_noise_multipliers(
-                        [e],
-                        [bb],
-                        num_samples=int(m),
-                        local_epochs=config.local_epochs,
-                        rounds=config.rounds,
-                        delta=config.delta,
-                        decimals=config.z_decimals,
-                    )[0]
+                    _noise_multiplier(
+                        float(e),
+                        float(bb),
+                        int(m),
+                        config.local_epochs,
+                        config.rounds,
+                        config.delta,
+                        config.z_decimals,
+                    )
                     for e, bb, m in zip(self.noise_epsilons, b, counts, strict=True)
                 ]
-            )  # setup only: one bisection per client (their N_i may differ)
+            )  # setup only: one (cached) bisection per distinct client (their N_i may differ)
         self.reported_epsilons = np.asarray(
             config.reported_epsilons or config.epsilons or np.ones(n), float
         )
@@ -263,7 +309,7 @@ class FederatedDPSGD:
 
     def _batch(self, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         """Poisson batches (q_i = b_i / N_i) of all clients, left-packed ``(n, L)`` with a mask."""
-        counts = self.data.counts
+        counts = self._counts
         width = self.data.x.shape[1]
         valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
         if self.config.sampling == "full":
@@ -276,29 +322,41 @@ class FederatedDPSGD:
         return order, torch.gather(join, 1, order)
 
     def local_updates(self, theta: Tree, active: Tensor, gen: torch.Generator) -> Tree:
-        """``Delta_i`` of every client, stacked ``(n, ...)`` (0 for inactive clients)."""
-        cfg, dev = self.config, self.data.x.device
+        """``Delta_i`` of the clients this process runs (``self.rows``; all in the simulator),
+        stacked ``(len(rows), ...)``; 0 for inactive clients. ``active`` has all n clients.
+
+        The loop runs the largest ``E_i`` of all active clients and draws every client's batch
+        and noise at every local step (see the module docstring), so ``gen`` advances the same
+        way on every process whatever clients it owns.
+        """
+        cfg, dev, rows = self.config, self.device, self.rows
         start = self.comm.broadcast(theta)
         params = {k: v.clone() for k, v in start.items()}
         dtype = next(iter(params.values())).dtype
-        b = torch.as_tensor(self.batch_sizes, dtype=dtype, device=dev)
-        noise_std = cfg.clip_norm * torch.as_tensor(self.noise_multipliers, dtype=dtype, device=dev)
+        b = torch.as_tensor(self.batch_sizes, dtype=dtype, device=dev)[rows]
+        z_all = torch.as_tensor(self.noise_multipliers, dtype=dtype, device=dev)
+        noise_scale = (cfg.clip_norm * z_all[rows] / b).reshape(-1, 1)
         steps = torch.as_tensor(self.local_steps, device=dev)
         clip = ClipSpec("per_sample", cfg.clip_norm) if cfg.private else ClipSpec()
         act = active.to(dev)
         for k in range(int(steps[act].max()) if bool(act.any()) else 0):
-            on = (act & (k < steps)).to(dtype)
+            on = (act & (k < steps))[rows].to(dtype)
             index, mask = self._batch(gen)
-            xb, yb = gather_batch(self.data.x, index), gather_batch(self.data.y, index)
+            if self.sharded:
+                index, mask = index[rows], mask[rows]
+            xb, yb = gather_batch(self._x, index), gather_batch(self._y, index)
             g = node_gradients(
                 self.model, params, xb, yb, loss=cfg.loss, clip=clip, mask=mask, denominator=b
             ).grads
             for name, v in params.items():
                 shape = (-1,) + (1,) * (v.dim() - 1)
                 step = g[name]
-                if cfg.private:
-                    z = torch.randn(v.shape, generator=gen, device=gen.device, dtype=dtype)
-                    step = step + z.to(dev) * (noise_std / b).reshape(shape)
+                if cfg.private:  # all n clients' noise, then the held rows (sharding-free)
+                    z = torch.randn(
+                        (self.n, *v.shape[1:]), generator=gen, device=gen.device, dtype=dtype
+                    ).to(dev)
+                    z = z[rows] if self.sharded else z
+                    step = step + z * noise_scale.reshape(shape)
                 params[name] = v - cfg.lr * on.reshape(shape) * step
         return {k: params[k] - start[k] for k in params}
 
@@ -306,30 +364,43 @@ class FederatedDPSGD:
         """One global round (Algorithm 1 lines 1-7). Returns the new state and round info."""
         gen = state.generator
         active = self._participants(gen)
-        deltas = self.local_updates(state.theta, active, gen)
+        own = self.local_updates(state.theta, active, gen)
+        # the server needs every client's column of M (Algorithm 1 line 3): gather the shards
+        deltas = self.comm.all_gather_nodes(own) if self.sharded else own  # type: ignore[attr-defined]
         ids = torch.nonzero(active).flatten()
         dtype = next(iter(deltas.values())).dtype
+        dev = self.device
         flat = flatten_tree({k: v[ids.to(v.device)] for k, v in deltas.items()})
-        sigma2 = torch.as_tensor(self.true_update_variance()[ids.numpy()], dtype=torch.float64)
+        sel = ids.numpy()
+        sigma2 = torch.as_tensor(
+            self.true_update_variance()[sel], dtype=torch.float64, device=flat.device
+        )
+        m = flat.T
         result = self.aggregator(
             AggregationInput(
-                updates=flat.T,
+                updates=m,
                 clients=ids,
                 round_index=state.round,
-                reported_eps=torch.as_tensor(self.reported_epsilons[ids.numpy()], dtype=dtype),
-                num_samples=torch.as_tensor(self.num_samples[ids.numpy()], dtype=dtype),
+                reported_eps=torch.as_tensor(
+                    self.reported_epsilons[sel], dtype=dtype, device=flat.device
+                ),
+                num_samples=torch.as_tensor(self.num_samples[sel], dtype=dtype, device=flat.device),
                 true_sigma2=sigma2 if self.config.private else None,
             )
         )
-        weights = torch.zeros(self.n, dtype=dtype, device=flat.device)
-        weights[ids.to(flat.device)] = result.weights.to(dtype)
-        if result.updates is not flat.T:  # PFA replaced some updates
+        weights = torch.zeros(self.n, dtype=dtype, device=dev)
+        weights[ids.to(dev)] = result.weights.to(dtype=dtype, device=dev)
+        if self.sharded:  # the server's (rank 0's) weights are the ones every process applies
+            weights = self.comm.broadcast({"w": weights})["w"][0]
+        if result.updates is not m:  # PFA replaced some updates
             full = flatten_tree(deltas).clone()
             full[ids.to(full.device)] = result.updates.T.to(full.dtype)
             deltas = _unflatten_stacked(full, deltas)
-        agg = self.comm.weighted_sum(deltas, weights)
+            own = {k: v.index_select(0, self.rows) for k, v in deltas.items()}
+        agg = self.comm.weighted_sum(own, weights)
         theta = {k: state.theta[k] + agg[k] for k in state.theta}
-        info = {"round": state.round, "weights": weights.cpu(), "participants": ids, **result.info}
+        extra = {k: v.cpu() if torch.is_tensor(v) else v for k, v in result.info.items()}
+        info = {"round": state.round, "weights": weights.cpu(), "participants": ids, **extra}
         new = replace(
             state, theta=theta, round=state.round + 1, participated=state.participated + active
         )
@@ -360,7 +431,7 @@ def evaluate_clients(
     (spec §5.1 metric: the unweighted mean of these accuracies). One batched pass over clients."""
     n, width = test.counts.numel(), test.x.shape[1]
     params = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in theta.items()}
-    valid = test.valid
+    valid = test.valid.to(test.x.device)
     dtype = next(iter(theta.values())).dtype
     loss_sum = torch.zeros(n, dtype=dtype)
     hits = torch.zeros(n, dtype=dtype)

@@ -24,11 +24,18 @@ Naming: PORTER's ``alpha`` is the graph mixing rate; the compressor parameter is
 noise of agent i at round t is ``independent_noise(key_i, t)``; the compressor masks of round t
 come from a generator keyed by ``(seed, channel, t)``, with independent rows (agents), so runs
 are reproducible and resumable from the state alone.
+
+Sharded runs (``torch.distributed``, docs/distributed.md): ``init(params, seed=, nodes=)`` takes
+the rows of the global agents ``nodes`` and derives their noise keys from the global ids, so an
+agent's noise does not depend on which process holds it. The compressor masks are drawn for all
+``n`` agents (a zero-padded ``(n, P)`` message; each row is compressed independently) and the
+held rows kept: the masks equal the simulator's at the cost of an ``(n, P)`` draw per channel.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -74,7 +81,8 @@ class PorterState:
     """Explicit state of Algorithm 1 (flat ``(n, P)`` tensors; ``params`` is X as a tree).
 
     ``q_x``/``q_v`` are the compressed surrogates, ``v`` the gradient tracker and ``g_prev`` the
-    stored noisy gradient ``G_p^{t-1}`` (including its noise realisation).
+    stored noisy gradient ``G_p^{t-1}`` (including its noise realisation). Rows are the agents
+    ``nodes`` (global ids; all agents in the simulator); ``noise_keys[r]`` is row r's key.
     """
 
     params: Tree
@@ -85,6 +93,7 @@ class PorterState:
     t: int = 0
     seed: int = 0
     noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,15 +114,22 @@ class Porter:
         if not self.sigma_p >= 0.0 or self.sigma_p == float("inf"):
             raise ConfigError(f"sigma_p must be a finite number >= 0, got {self.sigma_p}")
 
-    def init(self, params: Tree, *, seed: int) -> PorterState:
-        """Initialisation §2.2: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``."""
+    def init(self, params: Tree, *, seed: int, nodes: Sequence[int] | None = None) -> PorterState:
+        """Initialisation §2.2: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``.
+
+        ``params`` holds the rows of the global agents ``nodes`` (default: all, ``0..n-1``); the
+        noise keys are derived for those global ids, so a sharded run draws the same noise as
+        the simulator.
+        """
         from privdl.mechanisms.secrets import node_noise_keys
 
         x = flatten_tree(params)
         if x.shape[0] > 1 and not bool((x == x[:1]).all()):
             raise ConfigError("PORTER starts every agent at the same point x_bar^(0)")
-        n = x.shape[0]
-        keys = tuple(node_noise_keys(range(n), seed=seed)) if self.sigma_p > 0 else ()
+        held = tuple(range(x.shape[0])) if nodes is None else tuple(int(i) for i in nodes)
+        if len(held) != x.shape[0]:
+            raise ConfigError(f"{len(held)} node ids for {x.shape[0]} parameter rows")
+        keys = tuple(node_noise_keys(held, seed=seed)) if self.sigma_p > 0 else ()
         zeros = torch.zeros_like(x)
         return PorterState(
             params=params,
@@ -124,6 +140,7 @@ class Porter:
             t=0,
             seed=int(seed),
             noise_keys=keys,
+            nodes=held,
         )
 
     def gradients(
@@ -135,7 +152,11 @@ class Porter:
         res = oracle(state.params, state.t, clip=self.clip)
         g = flatten_tree(res.grads).to(state.v.dtype)
         if self.sigma_p > 0:
-            keys = [state.noise_keys[i] for i in comm.owned.tolist()]
+            keys = list(state.noise_keys)  # one per held row (init derives them for ``nodes``)
+            if len(keys) != g.shape[0]:
+                raise ConfigError(
+                    f"{len(keys)} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
+                )
             g = g + independent_noise(
                 keys, state.t, g.shape[1], sigma=self.sigma_p, dtype=g.dtype, device=g.device
             )
@@ -152,12 +173,20 @@ class Porter:
         def gossip(q: torch.Tensor) -> torch.Tensor:  # (W - I) Q, symmetric W
             return comm.mix({"q": q}, t)["q"] - q
 
-        c_v = self.compressor(
-            state.v - state.q_v, generator=channel_generator(state.seed, "v", t, dev)
-        )
-        q_v = state.q_v + c_v  # (11)
+        def compress(m: torch.Tensor, channel: str) -> torch.Tensor:
+            gen = channel_generator(state.seed, channel, t, dev)
+            if m.shape[0] == comm.n_nodes:
+                return self.compressor(m, generator=gen)
+            # A shard: compress the zero-padded (n, P) message of all agents (rows are
+            # compressed independently) and keep the held rows, so the masks of agent i are
+            # the simulator's whatever process holds it (cost: an (n, P) draw per channel).
+            rows = comm.owned.to(dev)
+            full = m.new_zeros((comm.n_nodes, m.shape[1])).index_copy_(0, rows, m)
+            return self.compressor(full, generator=gen).index_select(0, rows)
+
+        q_v = state.q_v + compress(state.v - state.q_v, "v")  # (11)
         v = state.v + self.gamma * gossip(q_v) + g_p - state.g_prev  # (12)
-        c_x = self.compressor(x - state.q_x, generator=channel_generator(state.seed, "x", t, dev))
+        c_x = compress(x - state.q_x, "x")
         q_x = state.q_x + c_x  # (13)
         x_new = x + self.gamma * gossip(q_x) - eta * v  # (14)
         if not bool(torch.isfinite(x_new).all()):

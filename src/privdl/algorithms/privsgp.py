@@ -124,6 +124,11 @@ class LeastSquaresSamples:
     def table_mean(self, table: Tensor) -> Tensor:
         return torch.einsum("nj,njd->nd", table[..., 0], self.a) / self.n_entries
 
+    def rows(self, nodes: Sequence[int]) -> LeastSquaresSamples:
+        """The oracle of nodes ``nodes`` only (a process's shard, in that order)."""
+        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=self.a.device)
+        return LeastSquaresSamples(self.a[idx], self.b[idx], clip=self.clip)
+
     def full_gradient(self, params: Tree) -> Tensor:
         """``grad f_i(x_i)`` of every node (for tests and evaluation)."""
         return self.table_mean(self.all_entries(params))
@@ -197,6 +202,11 @@ class ModelSamples:
     def table_mean(self, table: Tensor) -> Tensor:
         return table.mean(1)
 
+    def rows(self, nodes: Sequence[int]) -> ModelSamples:
+        """The oracle of nodes ``nodes`` only (a process's shard, in that order)."""
+        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=self.x.device)
+        return replace(self, x=self.x[idx], y=self.y[idx])
+
 
 def table_bytes(oracle: SampleOracle, *, dtype_bytes: int = 4) -> int:
     """Memory of the SAGA table over all nodes: ``n * J * entry_size`` floats (spec §8.1)."""
@@ -206,7 +216,11 @@ def table_bytes(oracle: SampleOracle, *, dtype_bytes: int = 4) -> int:
 # --------------------------------------------------------------------------- algorithm
 @dataclass
 class PrivSGPState:
-    """Push-sum numerators ``x``, weights ``w``, the SAGA table and its running mean."""
+    """Push-sum numerators ``x``, weights ``w``, the SAGA table and its running mean.
+
+    ``nodes``: global ids of the rows held (a process's shard); ``None`` means all nodes.
+    ``noise_keys`` are aligned with the rows.
+    """
 
     x: Tree
     w: Tensor
@@ -215,6 +229,7 @@ class PrivSGPState:
     table_mean: Tensor | None = None
     seed: int = 0
     noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    nodes: tuple[int, ...] | None = None
 
     @property
     def params(self) -> Tree:
@@ -223,7 +238,12 @@ class PrivSGPState:
 
 
 def _sample_index(seed: int, t: int, n: int, j: int, device: torch.device) -> Tensor:
-    """``xi_i^k`` ~ U{0..J-1} i.i.d. per node; a function of ``(seed, t)`` only (resumable)."""
+    """``xi_i^k`` ~ U{0..J-1} i.i.d. per node; a function of ``(seed, t)`` only (resumable).
+
+    Drawn by a CPU generator for all ``n`` nodes and then moved to ``device`` (``n`` integers per
+    step): the draw is the same on every device and in every process, so CPU, CUDA and sharded
+    runs follow the same sample path.
+    """
     from privdl.tasks import step_generator
 
     g = step_generator(seed, "privsgp-sample", t)
@@ -250,29 +270,51 @@ class PrivSGP:
         if any(not (math.isfinite(s) and s >= 0) for s in sig):
             raise PrivacyError(f"noise stds must be finite and >= 0, got {self.sigmas}")
 
-    def _sigma(self, n: int, like: Tensor) -> Tensor:
+    def _sigma(self, n: int, like: Tensor, nodes: Sequence[int] | None = None) -> Tensor:
+        """``(rows, 1)`` stds of the held rows; ``n`` is the total number of nodes."""
+        rows = n if nodes is None else len(nodes)
         if isinstance(self.sigmas, int | float):
-            return torch.full((n, 1), float(self.sigmas), dtype=like.dtype, device=like.device)
+            return torch.full((rows, 1), float(self.sigmas), dtype=like.dtype, device=like.device)
         if len(self.sigmas) != n:
             raise PrivacyError(f"got {len(self.sigmas)} noise stds for {n} nodes")
-        return torch.as_tensor(list(self.sigmas), dtype=like.dtype, device=like.device)[:, None]
+        sig = list(self.sigmas) if nodes is None else [self.sigmas[i] for i in nodes]
+        return torch.as_tensor(sig, dtype=like.dtype, device=like.device)[:, None]
 
     def table_bytes(self, oracle: SampleOracle) -> int:
         return table_bytes(oracle) if self.variance_reduction else 0
 
-    def init(self, params: Tree, oracle: SampleOracle, *, seed: int) -> PrivSGPState:
+    def init(
+        self,
+        params: Tree,
+        oracle: SampleOracle,
+        *,
+        seed: int,
+        nodes: Sequence[int] | None = None,
+    ) -> PrivSGPState:
         """``x = z = x^0``, ``w = 1`` and (VR) the initial full pass ``T_i[j] = grad f_i(x^0; j)``.
 
+        ``nodes``: global ids of the rows ``params`` holds (a process's shard, e.g.
+        ``comm.owned.tolist()``); default all. ``oracle`` must hold the same rows
+        (``oracle.rows(nodes)``); noise keys and the table are made for these nodes only, so a
+        sharded run draws exactly the simulator's noise and samples for its rows.
         Logs the table memory first and raises :class:`ConfigError` above ``table_budget``.
         """
         from privdl.mechanisms.secrets import node_noise_keys
 
-        n = next(iter(params.values())).shape[0]
-        if n != oracle.n_nodes:
-            raise ConfigError(f"params have {n} nodes but the oracle has {oracle.n_nodes}")
         first = next(iter(params.values()))
+        n = first.shape[0]
+        held = None if nodes is None else tuple(int(i) for i in nodes)
+        if held is not None and len(held) != n:
+            raise ConfigError(f"params have {n} rows but {len(held)} node ids were given")
+        if held is not None and (len(set(held)) != n or min(held, default=0) < 0):
+            raise ConfigError(f"node ids must be distinct and >= 0, got {list(held)[:8]}")
+        if n != oracle.n_nodes:
+            raise ConfigError(
+                f"params have {n} nodes but the oracle has {oracle.n_nodes}"
+                + ("; pass oracle.rows(nodes)" if held is not None else "")
+            )
         w = torch.ones(n, dtype=first.dtype, device=first.device)
-        keys = tuple(node_noise_keys(range(n), seed=seed))
+        keys = tuple(node_noise_keys(range(n) if held is None else held, seed=seed))
         table = mean = None
         if self.variance_reduction:
             need = table_bytes(oracle)
@@ -286,13 +328,24 @@ class PrivSGP:
             table = oracle.all_entries(params)
             mean = oracle.table_mean(table)
         return PrivSGPState(
-            x=dict(params), w=w, t=0, table=table, table_mean=mean, seed=seed, noise_keys=keys
+            x=dict(params),
+            w=w,
+            t=0,
+            table=table,
+            table_mean=mean,
+            seed=seed,
+            noise_keys=keys,
+            nodes=held,
         )
 
     def step(
         self, state: PrivSGPState, oracle: SampleOracle, comm: Communicator
     ) -> tuple[PrivSGPState, dict]:
-        """One iteration of Algorithm 1 (or Algorithm 2 without the table) for every node."""
+        """One iteration of Algorithm 1 (or Algorithm 2 without the table) for every held node.
+
+        With ``state.nodes`` (a shard) the indices ``xi^k`` are drawn for all ``comm.n_nodes``
+        nodes, as in the simulator, and the held rows kept.
+        """
         from privdl.mechanisms.correlated import independent_noise
 
         t = state.t
@@ -300,7 +353,14 @@ class PrivSGP:
         z = state.params
         x_flat = flatten(state.x)
         n, j = x_flat.shape[0], oracle.n_entries
-        xi = _sample_index(state.seed, t, n, j, x_flat.device)
+        if state.nodes is None:
+            n_total = n
+            xi = _sample_index(state.seed, t, n, j, x_flat.device)
+        else:
+            n_total = int(comm.n_nodes)
+            held = torch.as_tensor(state.nodes, dtype=torch.long)
+            xi = _sample_index(state.seed, t, n_total, j, torch.device("cpu"))[held]
+            xi = xi.to(x_flat.device)
         entry, loss = oracle.entries(z, xi)  # line 2: h at z
         h = oracle.expand(entry, xi).to(x_flat.dtype)
         table, mean = state.table, state.table_mean
@@ -317,7 +377,7 @@ class PrivSGP:
                 mean = mean + ((h - old) / j).to(mean.dtype)
         else:
             g = h
-        sigma = self._sigma(n, x_flat)
+        sigma = self._sigma(n_total, x_flat, state.nodes)
         if bool((sigma > 0).any()):
             noise = independent_noise(
                 state.noise_keys,
