@@ -230,4 +230,3 @@ def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
         dtype=dtype,
         device=cfg.device,
     )
-
