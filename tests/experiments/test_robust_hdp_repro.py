@@ -70,3 +70,100 @@ def test_falsified_quick(tmp_path, shared_datasets) -> None:
     # WeiAvg gives the falsifier eps'/(eps' + sum of the others): closed form
     others = sum([1.5, 0.2, 0.74, 0.46, 0.37])
     assert wei[-1]["weights"][0] == pytest.approx(50 / (50 + others), rel=1e-6)
+
+
+# --------------------------------------------------------------------------- overrides, partial
+def test_overrides_parsed_and_unknown_keys_refused() -> None:
+    from privdl.errors import ConfigError
+    from privdl.experiments.robust_hdp import METHODS, TABLE_OVERRIDES, parse_overrides
+
+    got = parse_overrides(
+        {"dists": "Dist9, Dist1", "methods": "WeiAvg,robust-hdp", "rounds": "3", "seeds": "2"},
+        accepted=TABLE_OVERRIDES,
+        methods=METHODS,
+    )
+    assert got == {
+        "dists": ["Dist9", "Dist1"],
+        "methods": ["weiavg", "robust-hdp"],
+        "rounds": 3,
+        "seeds": 2,
+    }
+    with pytest.raises(ConfigError, match="accepted: dists, methods, rounds, seeds"):
+        parse_overrides({"lr": "1"}, accepted=TABLE_OVERRIDES, methods=METHODS)
+    for bad in ({"dists": "Dist10"}, {"methods": "fedprox"}, {"rounds": "0"}, {"seeds": "x"}):
+        with pytest.raises(ConfigError):
+            parse_overrides(bad, accepted=TABLE_OVERRIDES, methods=METHODS)
+    with pytest.raises(ConfigError, match="accepted: none"):
+        get("robust-hdp-table3").run(None, quick=True, overrides={"rounds": "2"})
+
+
+def test_paper_check_counts_only_the_dists_run() -> None:
+    from privdl.experiments import load_preset
+    from privdl.experiments.robust_hdp import table_checks
+
+    paper = load_preset("robust-hdp-mnist")["paper"]
+
+    def cells(offsets):
+        return {
+            "robust-hdp": {
+                f"Dist{d}": {
+                    "accuracy": paper["robust-hdp"][d - 1] + off,
+                    "weights": [0.5, 0.5],
+                    "oracle_weights": [0.5, 0.5],
+                    "noise": 1.0,
+                    "oracle_noise": 1.0,
+                    "max_accounted_over_target": 1.0,
+                }
+                for d, off in offsets.items()
+            }
+        }
+
+    def verdict(offsets):
+        res = cells(offsets)
+        checks = table_checks(res, paper, [f"Dist{d}" for d in range(1, 10)], quick=False)
+        return {k: v for k, v in checks.items() if "points of paper" in k}
+
+    assert verdict({1: 0.5, 2: -1.9, 3: 3.0, 4: -5.0}) == {
+        "RHDP within 2 points of paper for >= 3 of the 4 dists run": False
+    }
+    assert verdict({1: 0.5, 2: -1.9, 3: 1.0, 4: -5.0}) == {
+        "RHDP within 2 points of paper for >= 3 of the 4 dists run": True
+    }
+    assert verdict({6: 1.5, 9: -0.1}) == {
+        "RHDP within 2 points of paper for >= 2 of the 2 dists run": True
+    }
+    assert (
+        table_checks(cells({6: 0.0}), paper, ["Dist6"], quick=True).get(
+            "RHDP within 2 points of paper for >= 1 of the 1 dists run"
+        )
+        is None
+    )  # quick accuracies are not compared with the paper
+
+
+def test_partial_report_after_each_cell(tmp_path, monkeypatch) -> None:
+    """A run cut off after its first (method, dist) leaves a readable report of that cell."""
+    import privdl.experiments.robust_hdp as rh
+
+    real, calls = rh.train_and_evaluate, []
+
+    def cut_after_first(**kw):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(rh, "train_and_evaluate", cut_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        get("robust-hdp-cifar10").run(
+            tmp_path,
+            quick=True,
+            device="cpu",
+            overrides={"methods": "weiavg,fedavg", "rounds": "1"},
+        )
+    assert calls[0]["rounds"] == 1 and calls[0]["method"] == "weiavg"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["complete"] is False and summary["methods"] == ["weiavg", "fedavg"]
+    assert list(summary["results"]) == ["weiavg"]
+    report = (tmp_path / "report.md").read_text()
+    assert "PARTIAL" in report and "not run (73.55)" in report
+    assert "| weiavg | " in report and "(29.65, " in report  # paper Table 14, Dist3, WeiAvg

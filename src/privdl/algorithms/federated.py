@@ -50,7 +50,7 @@ from privdl.accounting.nominal import robust_hdp_noise_multipliers
 from privdl.algorithms.aggregators import AggregationInput, Aggregator
 from privdl.comm.base import Communicator, Tree
 from privdl.comm.local import LocalCommunicator
-from privdl.data.batching import StackedData, gather_batch
+from privdl.data.batching import StackedData
 from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.engine.losses import correct, per_sample_loss
 from privdl.errors import ConfigError, PrivacyError
@@ -340,24 +340,37 @@ class FederatedDPSGD:
         clip = ClipSpec("per_sample", cfg.clip_norm) if cfg.private else ClipSpec()
         act = active.to(dev)
         for k in range(int(steps[act].max()) if bool(act.any()) else 0):
-            on = (act & (k < steps))[rows].to(dtype)
+            # gradients only for the clients still running (E_i differs: b_i = 128 stops after
+            # 19 steps, b_i = 16 runs 150); every client's batch and noise are still drawn, so
+            # the generator advances the same way whatever is computed
+            live = torch.nonzero((act & (k < steps))[rows]).squeeze(1)
             index, mask = self._batch(gen)
             if self.sharded:
                 index, mask = index[rows], mask[rows]
-            xb, yb = gather_batch(self._x, index), gather_batch(self._y, index)
-            g = node_gradients(
-                self.model, params, xb, yb, loss=cfg.loss, clip=clip, mask=mask, denominator=b
-            ).grads
-            for name, v in params.items():
-                shape = (-1,) + (1,) * (v.dim() - 1)
-                step = g[name]
-                if cfg.private:  # all n clients' noise, then the held rows (sharding-free)
+            index, mask = index[live], mask[live]
+            width = max(1, int(mask.sum(1).max())) if len(live) else 1
+            index, mask = index[:, :width], mask[:, :width]  # batches are left-packed
+            noise = {}
+            if cfg.private:  # all n clients' noise, then the held rows (sharding-free)
+                for name, v in params.items():
                     z = torch.randn(
                         (self.n, *v.shape[1:]), generator=gen, device=gen.device, dtype=dtype
                     ).to(dev)
-                    z = z[rows] if self.sharded else z
-                    step = step + z * noise_scale.reshape(shape)
-                params[name] = v - cfg.lr * on.reshape(shape) * step
+                    noise[name] = (z[rows] if self.sharded else z)[live]
+            if not len(live):
+                continue
+            at = live[:, None]
+            xb, yb = self._x[at, index], self._y[at, index]
+            sub = {name: v[live] for name, v in params.items()}
+            g = node_gradients(
+                self.model, sub, xb, yb, loss=cfg.loss, clip=clip, mask=mask, denominator=b[live]
+            ).grads
+            for name, v in params.items():
+                step = g[name]
+                if cfg.private:
+                    shape = (-1,) + (1,) * (v.dim() - 1)
+                    step = step + noise[name] * noise_scale[live].reshape(shape)
+                v.index_add_(0, live, step, alpha=-cfg.lr)
         return {k: params[k] - start[k] for k in params}
 
     def step(self, state: FederatedState) -> tuple[FederatedState, dict[str, Any]]:

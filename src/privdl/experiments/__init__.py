@@ -77,3 +77,40 @@ def write_outputs(out: Path, *, report_md: str, summary: dict[str, Any]) -> dict
     (out / "report.md").write_text(report_md)
     write_json_atomic(out / "summary.json", summary)
     return summary
+
+
+def apply_overrides(
+    values: dict[str, Any], overrides: dict[str, str] | None, *, name: str
+) -> dict[str, Any]:
+    """``values`` with ``--set KEY=VALUE`` overrides, each parsed as the value it replaces.
+
+    Lists take comma-separated items (``--set seeds=1,2``); a key not in ``values`` or a value
+    of the wrong type is a one-line :class:`ConfigError` naming the accepted keys.
+    """
+    out = dict(values)
+    for key, raw in (overrides or {}).items():
+        if key not in out or isinstance(out[key], dict):
+            known = ", ".join(sorted(k for k, v in out.items() if not isinstance(v, dict)))
+            raise ConfigError(f"unknown setting {key!r} for {name}; known: {known}")
+        out[key] = parse_like(key, raw, out[key])
+    return out
+
+
+def parse_like(key: str, raw: Any, like: Any) -> Any:
+    """Parse the string ``raw`` as the type of ``like`` (bool, int, float, list of those, str)."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if isinstance(like, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if isinstance(like, int):
+            return int(raw)
+        if isinstance(like, float):
+            return float(raw)
+        if isinstance(like, list):
+            return [parse_like(key, v.strip(), like[0] if like else v) for v in raw.split(",")]
+    except ValueError:
+        raise ConfigError(f"--set {key}={raw}: expected a {type(like).__name__}") from None
+    return raw

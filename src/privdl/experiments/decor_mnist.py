@@ -8,13 +8,14 @@ not a valid (eps, delta) guarantee", beside correctly accounted (eps, 1e-5) budg
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from privdl.experiments import Reproduction, write_outputs
+from privdl.experiments import Reproduction, apply_overrides, write_outputs
 from privdl.experiments.decor import (
     _checks_md,
     _mean_std,
@@ -51,14 +52,29 @@ def _legacy_sigmas(alg, topo_spec, *, eps, clip, batch, rate, grid, cor_max):
     )
 
 
-def run_fig1c(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    """Fig 1c (spec s.6.4): MNIST test accuracy, legacy budgets and correctly accounted ones."""
+def run_fig1c(
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None = None,
+    device: str = "cpu",
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Fig 1c (spec s.6.4): MNIST test accuracy, legacy budgets and correctly accounted ones.
+
+    ``overrides`` (``--set``) replace top-level preset values, e.g. ``seeds=1,123``,
+    ``topologies=torus``, ``epsilons=3,10``, ``legacy_epsilons=`` (none), ``steps=1000``.
+    """
     from privdl.config import make_config
     from privdl.privacy import LEGACY_LABEL, legacy_example_epsilon, step_rdp
     from privdl.tasks import build_task
     from privdl.topology import parse_graph
 
     p = _preset("decor-fig1c", quick)
+    if overrides and overrides.get("legacy_epsilons") == "":
+        overrides = {k: v for k, v in overrides.items() if k != "legacy_epsilons"}
+        p["legacy_epsilons"] = []
+    p = apply_overrides(p, overrides, name="decor-fig1c")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = dict(
@@ -76,6 +92,7 @@ def run_fig1c(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dic
         sampling="without_replacement",
         data_dir=data_dir,
         eval_every=10**9,
+        device=device,
     )
     probe = build_task(make_config(dict(base, graph="ring:16", clip=1.0)))
     rate = probe.sampling_rate
@@ -111,6 +128,12 @@ def run_fig1c(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dic
                 v = dict(base, algorithm=alg, graph=spec, seed=seed, lr=lr, clip=clip, **extra)
                 runs.append(_simulate(v))
             am, asd = _mean_std([r["final"]["accuracy"] for r in runs])
+            print(
+                f"[decor-fig1c {time.perf_counter() - t0:7.1f}s] {kind} eps={eps} {alg}/{topo}: "
+                f"accuracy {am:.4f} over {len(runs)} seed(s)",
+                file=sys.stderr,
+                flush=True,
+            )
             r0 = runs[0]
             cfg = make_config(dict(base, algorithm=alg, graph=spec, lr=lr, clip=clip))
             topo_obj = parse_graph(spec if alg != "cdp" else "complete:16")

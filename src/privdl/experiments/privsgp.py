@@ -28,7 +28,7 @@ from privdl.algorithms.privsgp import (
 )
 from privdl.comm.local import LocalCommunicator
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.experiments import Reproduction, load_preset, parse_like, write_outputs
 
 PAPER = "Zhu et al., PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient Push"
 
@@ -197,27 +197,8 @@ def _cfg(name: str, quick: bool, overrides: dict[str, str] | None = None) -> tup
         if target is None:
             known = ", ".join(sorted(set(cfg) | set(top)))
             raise ConfigError(f"unknown setting {key!r} for {name}; known: {known}")
-        target[key] = _parse_like(key, raw, target[key])
+        target[key] = parse_like(key, raw, target[key])
     return top, cfg
-
-
-def _parse_like(key: str, raw: Any, like: Any) -> Any:
-    if not isinstance(raw, str):
-        return raw
-    try:
-        if isinstance(like, bool):
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(raw)
-            return raw.lower() in ("true", "1")
-        if isinstance(like, int):
-            return int(raw)
-        if isinstance(like, float):
-            return float(raw)
-        if isinstance(like, list):
-            return [_parse_like(key, v.strip(), like[0] if like else v) for v in raw.split(",")]
-    except ValueError:
-        raise ConfigError(f"--set {key}={raw}: expected a {type(like).__name__}") from None
-    return raw
 
 
 def _check_device(device: str) -> torch.device:
