@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -39,50 +38,6 @@ from privdl.topology.mixing import MixingMatrix
 from privdl.topology.timevarying import ExponentialGraph
 
 GRAPH = "er:7:0.5:3"  # 7 nodes: shards of sizes 4/3 (2 ranks) and 2/2/2/1 (4 ranks)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_ranks(world: int, target, args=(), *, env=None, timeout=120.0) -> list[int | None]:
-    """Fork ``world`` ranks running ``target(rank, *args)``; returns their exit codes."""
-    ctx = mp.get_context("fork")
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        child_env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            **(env or {}),
-        }
-        p = ctx.Process(target=_child, args=(child_env, target, rank, args))
-        p.start()
-        procs.append(p)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
-
-
-def _child(env, target, rank, args) -> None:  # runs in the forked rank
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    try:
-        target(rank, *args)
-    except BaseException:  # noqa: BLE001 - report and exit non-zero
-        traceback.print_exc()
-        os._exit(3)
-    os._exit(0)
 
 
 # ----------------------------------------------------------------------------- communicator
@@ -172,8 +127,8 @@ def _comm_worker(rank: int, out: str) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_communicator_and_algorithms_match_simulator(tmp_path, world):
-    codes = _run_ranks(world, _comm_worker, (str(tmp_path),))
+def test_communicator_and_algorithms_match_simulator(tmp_path, world, run_ranks):
+    codes = run_ranks(world, _comm_worker, (str(tmp_path),))
     assert codes == [0] * world
     n = parse_graph(GRAPH).n
     edges = parse_graph(GRAPH).edges
@@ -234,8 +189,8 @@ def _hang_worker(rank: int, out: str) -> None:
             os._exit(2)
 
 
-def test_silent_peer_times_out_with_clear_error(tmp_path):
-    codes = _run_ranks(2, _hang_worker, (str(tmp_path),), timeout=40)
+def test_silent_peer_times_out_with_clear_error(tmp_path, run_ranks):
+    codes = run_ranks(2, _hang_worker, (str(tmp_path),), timeout=40)
     assert codes[0] == 2
     waited, message = (tmp_path / "error0.txt").read_text().split("\n", 1)
     assert 2.0 <= float(waited) < 20.0
@@ -281,15 +236,15 @@ def _too_many_ranks(rank: int, out: str) -> None:  # torchrun path: 4 ranks for 
     cli_main(["launch", "dsgd", "--task", "least-squares", "--graph", "ring:3", "--out", out])
 
 
-def test_misconfiguration_under_torchrun_env(tmp_path, capfd):
+def test_misconfiguration_under_torchrun_env(tmp_path, capfd, run_ranks):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        codes = _run_ranks(1, _busy_port_rank, (str(tmp_path),), env={"MASTER_PORT": str(port)})
+        codes = run_ranks(1, _busy_port_rank, (str(tmp_path),), env={"MASTER_PORT": str(port)})
     assert codes == [0]
     assert f"port {port} on 127.0.0.1 is already in use" in (tmp_path / "error.txt").read_text()
-    assert _run_ranks(4, _too_many_ranks, (str(tmp_path / "run"),), timeout=60) == [2] * 4
+    assert run_ranks(4, _too_many_ranks, (str(tmp_path / "run"),), timeout=60) == [2] * 4
     err = capfd.readouterr().err
     assert err.count("world size 4 exceeds the 3 nodes") == 4
 
@@ -332,7 +287,7 @@ def _rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, capfd):
+def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, capfd, run_ranks):
     k = int(np.random.default_rng().integers(7, 55))  # a random step to die at
     killed = tmp_path / "killed"
     monkeypatch.setenv("PRIVDL_DEBUG_KILL", f"1:{k}")  # rank 1 SIGKILLs itself before step k
@@ -351,10 +306,10 @@ def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, cap
     assert saved == (k // 5) * 5
     other = tmp_path / "other"  # the checkpoint holds every shard: resume on 3 processes too
     shutil.copytree(killed, other)
-    assert _run_ranks(2, _resume_rank, (str(killed),)) == [0, 0]
-    assert _run_ranks(3, _resume_rank, (str(other),)) == [0, 0, 0]
+    assert run_ranks(2, _resume_rank, (str(killed),)) == [0, 0]
+    assert run_ranks(3, _resume_rank, (str(other),)) == [0, 0, 0]
     ref = tmp_path / "ref"
-    assert _run_ranks(2, _torchrun_rank, (str(ref),)) == [0, 0]
+    assert run_ranks(2, _torchrun_rank, (str(ref),)) == [0, 0]
     a = torch.load(killed / "checkpoint.pt", weights_only=False)
     b = torch.load(ref / "checkpoint.pt", weights_only=False)
     assert a["t"] == b["t"] == RUN["steps"]

@@ -9,11 +9,6 @@ children of the test process (no torch re-import).
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import socket
-import time
-import traceback
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,49 +33,6 @@ from privdl.topology import mixing_matrix, parse_graph
 GRAPH = "er:7:0.5:3"  # 7 nodes: shards of sizes 4/3 (2 ranks) and 2/2/2/1 (4 ranks)
 D64 = torch.float64
 STEPS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _child(env: dict, target, rank: int, args: tuple) -> None:  # runs in the forked rank
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    try:
-        target(rank, *args)
-    except BaseException:  # noqa: BLE001 - report and exit non-zero
-        traceback.print_exc()
-        os._exit(3)
-    os._exit(0)
-
-
-def _run_ranks(world: int, target, args: tuple, *, timeout: float = 90.0) -> list[int | None]:
-    """Fork ``world`` ranks running ``target(rank, *args)``; returns their exit codes."""
-    ctx = mp.get_context("fork")
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        p = ctx.Process(target=_child, args=(env, target, rank, args))
-        p.start()
-        procs.append(p)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
 
 
 def _porters() -> dict:
@@ -175,9 +127,9 @@ def _worker(rank: int, out: str) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_porter_and_federated_rounds_match_simulator(tmp_path, world):
+def test_porter_and_federated_rounds_match_simulator(tmp_path, world, run_ranks):
     _federated(None, "pfa", clients_per_round=5)  # the forked ranks inherit the cached z_i
-    codes = _run_ranks(world, _worker, (str(tmp_path),))
+    codes = run_ranks(world, _worker, (str(tmp_path),))
     assert codes == [0] * world
     seen: list[int] = []
     for rank in range(world):

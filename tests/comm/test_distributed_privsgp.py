@@ -8,11 +8,6 @@ running mean. Ranks are forked children (no torch re-import); the oracle is the 
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import socket
-import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -28,48 +23,6 @@ N = 7  # uneven shards: 4/3 on 2 ranks, 2/2/2/1 on 4 ranks
 J = 4  # samples per node: the running mean is refreshed exactly at t = 3 (refresh_every = J)
 STEPS = 6  # two periods of the exponential graph's hops 1, 2, 4
 D64 = torch.float64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _child(env: dict, target, rank: int, args: tuple) -> None:  # runs in the forked rank
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    try:
-        target(rank, *args)
-    except BaseException:  # noqa: BLE001 - report and exit non-zero
-        traceback.print_exc()
-        os._exit(3)
-    os._exit(0)
-
-
-def _run_ranks(world: int, target, args: tuple, *, timeout: float = 60.0) -> list[int | None]:
-    ctx = mp.get_context("fork")
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        p = ctx.Process(target=_child, args=(env, target, rank, args))
-        p.start()
-        procs.append(p)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
 
 
 def _least_squares() -> LeastSquaresSamples:
@@ -146,8 +99,8 @@ def _worker(rank: int, out: str) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_sharded_privsgp_matches_simulator(tmp_path, world):
-    assert _run_ranks(world, _worker, (str(tmp_path),)) == [0] * world
+def test_sharded_privsgp_matches_simulator(tmp_path, world, run_ranks):
+    assert run_ranks(world, _worker, (str(tmp_path),)) == [0] * world
     seen: dict[str, list[int]] = {}
     for rank in range(world):
         res = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
