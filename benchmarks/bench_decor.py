@@ -44,13 +44,23 @@ N, BATCH, IN_DIM, HIDDEN, CLASSES = 16, 64, 784, 128, 10
 C, LR, SIGMA_CDP, SIGMA_COR = 1.0, 0.1, 0.01, 0.05
 
 
+DEVICE = torch.device("cpu")
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def _median_ms(fn, *, iters: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
+    _sync()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
 
@@ -58,7 +68,8 @@ def _median_ms(fn, *, iters: int, warmup: int) -> float:
 def _edge_generator(secret: int, t: int) -> torch.Generator:
     """Per-edge, per-step generator keyed by (secret, t): both endpoints derive the same one."""
     digest = hashlib.sha256(f"{secret}/{t}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    seed = int.from_bytes(digest[:8], "little") >> 1
+    return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
 class PerNodeLoop:
@@ -68,6 +79,7 @@ class PerNodeLoop:
         self.mods, self.opts = [], []
         for i in range(N):
             m = nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+            m = m.to(DEVICE)
             with torch.no_grad():
                 m[0].weight.copy_(params["fc1.weight"][i])
                 m[0].bias.copy_(params["fc1.bias"][i])
@@ -95,11 +107,11 @@ class PerNodeLoop:
                     a.add_(g * factor)
             node_gen = _edge_generator(10**6 + i, t)
             for p, a in zip(ps, acc, strict=True):
-                noise = SIGMA_CDP * torch.randn(p.shape, generator=node_gen)
+                noise = SIGMA_CDP * torch.randn(p.shape, generator=node_gen, device=DEVICE)
                 for j in self.nbrs[i]:  # correlated noise, one keyed draw per incident edge
                     e = (min(i, j), max(i, j))
                     z = SIGMA_COR * torch.randn(
-                        p.shape, generator=_edge_generator(self.secret[e], t)
+                        p.shape, generator=_edge_generator(self.secret[e], t), device=DEVICE
                     )
                     noise += z if i < j else -z
                 p.grad = a / BATCH + noise
@@ -117,12 +129,12 @@ class PerNodeLoop:
 def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> dict[str, float]:
     topo = parse_graph(spec)
     mixing = mixing_matrix(topo, "decor")
-    comm = LocalCommunicator(mixing, device="cpu", dtype=torch.float32)
+    comm = LocalCommunicator(mixing, device=DEVICE, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     model = build_model("mlp", in_shape=(IN_DIM,), n_classes=CLASSES)
-    params = model.init(n_nodes=N, generator=gen)
-    x = torch.randn(N, BATCH, IN_DIM, generator=gen)
-    y = torch.randint(0, CLASSES, (N, BATCH), generator=gen)
+    params = {k: v.to(DEVICE) for k, v in model.init(n_nodes=N, generator=gen).items()}
+    x = torch.randn(N, BATCH, IN_DIM, generator=gen).to(DEVICE)
+    y = torch.randint(0, CLASSES, (N, BATCH), generator=gen).to(DEVICE)
 
     def oracle(p, t, *, clip):
         return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
@@ -149,8 +161,10 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
 
     def noise_only() -> None:
         counter[0] += 1
-        cor = correlated_noise(keys.edge_keys, topo.edges, N, counter[0], size, sigma_cor=SIGMA_COR)
-        cor + independent_noise(keys.noise_keys, counter[0], size, sigma=SIGMA_CDP)
+        cor = correlated_noise(
+            keys.edge_keys, topo.edges, N, counter[0], size, sigma_cor=SIGMA_COR, device=DEVICE
+        )
+        cor + independent_noise(keys.noise_keys, counter[0], size, sigma=SIGMA_CDP, device=DEVICE)
 
     out = {
         "decor_ms": _median_ms(decor_step, iters=iters, warmup=warmup),
@@ -172,15 +186,19 @@ def main() -> None:
     ap.add_argument("--loop-iters", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--graphs", default="torus:4x4,ring:16")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     res: dict[str, object] = {
         "setting": f"n={N} mlp {IN_DIM}-{HIDDEN}-{CLASSES} B={BATCH} C={C} per-example, "
         f"sigma_cdp={SIGMA_CDP} sigma_cor={SIGMA_COR}",
         "cpu": platform.processor() or platform.machine(),
+        "device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
     }
