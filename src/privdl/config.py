@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privdl.errors import ConfigError
 
-ALGORITHMS = ("dsgd", "ldp", "decor", "cdp")
+ALGORITHMS = ("dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr")
+#: PORTER variants (Li & Chi, Algorithm 1) and PrivSGP variants (Zhu et al., Algorithms 1-2).
+PORTER = ("porter-dp", "porter-gc")
+PRIVSGP = ("privsgp", "privsgp-vr")
+#: Consensus step size gamma of PORTER when not given (the porter-a9a preset's tuned value).
+DEFAULT_PORTER_GAMMA = 0.05
 TASKS = ("least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10")
 
 
@@ -24,13 +29,18 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: Literal["dsgd", "ldp", "decor", "cdp"] = "dsgd"
+    algorithm: Literal[
+        "dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr"
+    ] = "dsgd"
     task: Literal[
         "least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10"
     ] = "a9a"
     model: str | None = None
     graph: str = "ring:16"
-    mixing: Literal["decor", "metropolis", "max-degree", "average"] = "metropolis"
+    # None: "fdla" for PORTER (its experiments, spec porter.md §6.1), "metropolis" otherwise
+    mixing: (
+        Literal["decor", "metropolis", "max-degree", "average", "fdla", "best-constant"] | None
+    ) = None
     steps: int = Field(default=500, ge=1)
     lr: float = 0.1
     lr_decay: float | None = None
@@ -54,6 +64,11 @@ class RunConfig(BaseModel):
     delta: float | None = None
     adversary: str = "eavesdropper"
     label: str | None = None
+    # PORTER: compressor spec (mechanisms.compress.parse_compressor; "random:F" = "randk:F") and
+    # consensus step size gamma (eq. 12, 14); PrivSGP-VR: samples per SAGA table entry (block).
+    compressor: str | None = None
+    gamma: float | None = None
+    block_size: int = Field(default=1, ge=1)
 
     @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
     @classmethod
@@ -69,6 +84,28 @@ class RunConfig(BaseModel):
     def _clip(cls, v: float | None) -> float | None:
         if v is not None and (not math.isfinite(v) or v <= 0):
             raise ValueError("clip must be a positive number")
+        return v
+
+    @field_validator("compressor")
+    @classmethod
+    def _compressor(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        name, sep, arg = v.strip().lower().partition(":")
+        spec = ("randk" if name == "random" else name) + sep + arg
+        from privdl.mechanisms.compress import parse_compressor
+
+        try:
+            parse_compressor(spec)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return spec
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and 0.0 < v <= 1.0):
+            raise ValueError("the consensus step size gamma must be in (0, 1]")
         return v
 
     @field_validator("partition")
@@ -106,12 +143,42 @@ def make_config(values: dict[str, Any]) -> RunConfig:
     if cfg.clip_mode != "none" and cfg.clip is None:
         raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (clip)")
     if cfg.clip is not None and cfg.clip_mode == "none":
-        cfg = cfg.model_copy(update={"clip_mode": "per_sample"})
+        mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
+        cfg = cfg.model_copy(update={"clip_mode": mode})
+    cfg = _resolve_family_options(cfg)
     if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:
         raise ConfigError(f"delta must be in (0, 1), got {cfg.delta}")
     if cfg.epsilon is not None and not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise ConfigError(f"epsilon must be positive, got {cfg.epsilon}")
     return cfg
+
+
+def _resolve_family_options(cfg: RunConfig) -> RunConfig:
+    """Per-algorithm defaults and the options that only one family of algorithms takes."""
+    porter, privsgp = cfg.algorithm in PORTER, cfg.algorithm in PRIVSGP
+    if not porter and cfg.compressor is not None:
+        raise ConfigError(f"compressor applies to porter-dp/porter-gc, not {cfg.algorithm!r}")
+    if not porter and cfg.gamma is not None:
+        raise ConfigError(f"gamma (consensus step) applies to PORTER, not {cfg.algorithm!r}")
+    if not privsgp and cfg.block_size != 1:
+        raise ConfigError(f"block_size applies to privsgp/privsgp-vr, not {cfg.algorithm!r}")
+    if cfg.graph.strip().lower().startswith("expo:") and not privsgp:
+        raise ConfigError(
+            f"graph {cfg.graph!r} is time-varying and directed (push-sum): only privsgp and "
+            "privsgp-vr run on it"
+        )
+    if cfg.algorithm == "porter-gc" and cfg.clip_mode == "per_sample":
+        raise ConfigError("porter-gc clips the minibatch mean: use clip_mode batch_mean")
+    if privsgp and cfg.clip_mode == "batch_mean":
+        raise ConfigError(f"{cfg.algorithm} clips per sample: use clip_mode per_sample")
+    updates: dict[str, Any] = {}
+    if cfg.mixing is None:
+        updates["mixing"] = "fdla" if porter else "metropolis"
+    if porter and cfg.compressor is None:
+        updates["compressor"] = "none"
+    if porter and cfg.gamma is None:
+        updates["gamma"] = DEFAULT_PORTER_GAMMA
+    return cfg.model_copy(update=updates) if updates else cfg
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -198,9 +198,14 @@ def _setup(job: _Job) -> tuple[RunConfig, dict | None, str | None]:
             cfg = make_config(records.config())
             return cfg, records.load_checkpoint(), None
         assert job.cfg is not None
-        cfg = build(job.cfg).cfg  # calibrated once, here
+        from privdl.privacy import calibration_record
+        from privdl.runner import write_calibration
+
+        built = build(job.cfg)  # calibrated once, here
+        cfg = built.cfg
         shard_ranges(cfg_nodes(cfg), dist.get_world_size())
         records.start(cfg.model_dump(), overwrite=job.overwrite)
+        write_calibration(records, calibration_record(cfg, built.topology, built.task))
         return cfg, None, None
     except PrivdlError as exc:
         return job.cfg, None, f"error:{exc}"  # type: ignore[return-value]
@@ -208,9 +213,23 @@ def _setup(job: _Job) -> tuple[RunConfig, dict | None, str | None]:
 
 def cfg_nodes(cfg: RunConfig) -> int:
     """Number of nodes of a config's graph."""
-    from privdl.topology import parse_graph
+    from privdl.topology import parse_topology
 
-    return parse_graph(cfg.graph).n
+    return parse_topology(cfg.graph).n
+
+
+def _shard_oracles(built: Any, comm: DistributedCommunicator) -> tuple[Any, Any]:
+    """``(oracle for step, oracle for init)`` of the owned nodes.
+
+    PrivSGP(-VR): the task's sample oracle restricted to the owned rows (``rows``), used by both
+    ``init`` (the SAGA table) and ``step``; the others: :class:`ShardOracle`.
+    """
+    from privdl.config import PRIVSGP
+
+    if built.cfg.algorithm in PRIVSGP:
+        rows = built.oracle.rows(comm.owned.tolist())
+        return rows, rows
+    return ShardOracle(built.task, comm.owned), None
 
 
 def run_worker(
@@ -228,7 +247,7 @@ def run_worker(
     Joins the process group from the environment (``privdl launch`` or ``torchrun``). With
     ``resume`` the config and checkpoint are read from ``out_dir`` by rank 0 and broadcast.
     """
-    from privdl.runner import _progress, build
+    from privdl.runner import _progress, build, checkpoint, export_state, import_state
 
     if cfg is not None and not isinstance(cfg, RunConfig):
         cfg = make_config(cfg)
@@ -247,14 +266,17 @@ def run_worker(
     comm = DistributedCommunicator(
         built.comm.schedule, device=cfg.device, dtype=dtype, timeout_s=timeout_s
     )
-    oracle = ShardOracle(built.task, comm.owned)
-    if ckpt is None:
-        full, t0, wall0 = built.task.init_params(seed=cfg.seed), 0, 0.0
-    else:
+    oracle, sample_oracle = _shard_oracles(built, comm)
+    full = built.initial_params()
+    state = init_shard_state(
+        built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed, oracle=sample_oracle
+    )
+    wall0 = 0.0
+    if ckpt is not None:  # the checkpoint holds every shard's full state (single-process format)
         full = {k: v.to(cfg.device) for k, v in ckpt["params"].items()}
-        t0, wall0 = int(ckpt["t"]), float(ckpt.get("wall_time", 0.0))
-    state = init_shard_state(built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed)
-    state.t = t0
+        saved = comm.shard(ckpt.get("state", {})) if ckpt.get("state") else {}
+        state = import_state(state, comm.shard(full), saved, t=int(ckpt["t"]))
+        wall0 = float(ckpt.get("wall_time", 0.0))
     records = RunRecords(out_dir) if rank == 0 else None
     kill = _kill_step(rank)
     have = {r.get("step") for r in records.rows()} if records is not None else set()
@@ -274,6 +296,7 @@ def run_worker(
             prog.advance(bar)
             if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
                 full = comm.all_gather_nodes(state.params)
+                extra = comm.all_gather_nodes(export_state(state))
                 stop, evaluated = False, True
                 if records is not None:
                     wall = time.perf_counter() - start_wall
@@ -281,11 +304,7 @@ def run_worker(
                     if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
                         row["diverged"] = True
                     records.save_checkpoint(
-                        {
-                            "params": {k: v.cpu() for k, v in full.items()},
-                            "t": state.t,
-                            "wall_time": wall,
-                        }
+                        checkpoint(state, full, wall=wall, extra=extra)  # every shard's state
                     )
                     if state.t not in have:
                         records.append(row)
@@ -308,6 +327,9 @@ def run_worker(
             "topology": built.topology.summary(),
             "distributed": {"world_size": world, "backend": dist.get_backend()},
         }
+        cal = Path(out_dir) / "calibration.json"
+        if cal.is_file():
+            summary["calibration"] = json.loads(cal.read_text())
         records.finish(summary)
     summary = _bcast(summary)
     if summary["final"].get("diverged"):

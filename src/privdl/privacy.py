@@ -6,6 +6,15 @@ example-level with sensitivity ``2C/b`` (replace-one) and amplification by the s
 (fixed-size without replacement, or Poisson under add/remove) through dp-accounting's RDP
 accountant. Each DECOR/LDP step reduces to its equivalent Gaussian mechanism by the SecRDP
 accountant (Algorithms 2/3); user-level totals use the paper's classic RDP->DP conversion.
+
+PORTER-DP (Li & Chi, eqs. (6)-(7)) adds ``N(0, sigma_p^2 I)`` to each agent's clipped gradient
+and every message it sends is post-processing of those noisy gradients, so it is accounted
+exactly as the LDP baseline (threat model ``ldp``). PORTER-GC adds no noise: no guarantee.
+PrivSGP (Zhu et al., Algorithm 2) draws ONE table entry (block of ``B`` samples) uniformly from
+``J`` per node and step: a fixed-size subsampled Gaussian with replace-one sensitivity ``2C/B``.
+PrivSGP-VR (Algorithm 1) has no certified amplification (its SAGA mean depends on every sample
+at every step, spec privsgp-vr.md §8.4), so it is accounted WITHOUT subsampling, at the
+replace-one sensitivity ``(4 + 2/J) C / B`` of ``g = h - T[xi] + mean(T)``.
 """
 
 from __future__ import annotations
@@ -17,9 +26,15 @@ from typing import Any
 from privdl.errors import ConfigError
 
 DEFAULT_DELTA = 1e-5
+#: Algorithms whose noise is added locally to each node's gradient (same accounting as "ldp").
+LOCAL_NOISE = ("ldp", "porter-dp")
+#: Algorithms without any privacy noise.
+NON_PRIVATE = ("dsgd", "porter-gc")
 
 
 def _unit(cfg, task) -> str:
+    if cfg.algorithm in ("privsgp", "privsgp-vr"):
+        return "example"
     if (
         cfg.clip_mode == "per_sample"
         and getattr(task, "kind", "") == "supervised"
@@ -32,7 +47,7 @@ def _unit(cfg, task) -> str:
 def _threat(cfg) -> str:
     if cfg.algorithm == "cdp":
         return "central"
-    if cfg.algorithm == "ldp":
+    if cfg.algorithm in (*LOCAL_NOISE, "privsgp", "privsgp-vr"):
         return "ldp"
     return cfg.adversary
 
@@ -55,7 +70,7 @@ def step_rdp(cfg, topo, task, *, sigma: float, sigma_cor: float) -> float:
         c = c / cfg.batch_size
     if cfg.algorithm == "cdp":
         return 2.0 * c * c / (topo.n * sigma * sigma)
-    adversary = "ldp" if cfg.algorithm == "ldp" else cfg.adversary
+    adversary = "ldp" if cfg.algorithm in LOCAL_NOISE else cfg.adversary
     return float(
         decor_step_rdp(
             topo.graph, sigma_cdp=sigma, sigma_cor=sigma_cor, clip=c, adversary=adversary
@@ -72,8 +87,10 @@ def spent(
     from privdl.accounting.dpsgd import event_epsilon
     from privdl.accounting.events import DecorStepEvent
 
-    if cfg.algorithm == "dsgd":
+    if cfg.algorithm in NON_PRIVATE:
         return lambda t: None
+    if cfg.algorithm in ("privsgp", "privsgp-vr"):
+        return _privsgp_spent(cfg, task, sigma=sigma)
     delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
     unit = _unit(cfg, task)
     threat = _threat(cfg)
@@ -133,9 +150,15 @@ def calibrate(cfg, topo, task):
     """
     if cfg.epsilon is None or cfg.algorithm == "dsgd":
         return cfg
+    if cfg.algorithm == "porter-gc":
+        raise ConfigError(
+            "porter-gc adds no noise, so no epsilon can be reached; use porter-dp for a target"
+        )
     if cfg.clip is None:
         raise ConfigError("a target epsilon needs a clipping threshold (clip)")
     delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
+    if cfg.algorithm in ("privsgp", "privsgp-vr"):
+        return cfg.with_updates(sigma=_privsgp_sigma(cfg, task, delta=delta), delta=delta)
     from privdl.accounting.conversion import step_rdp_for_epsilon
 
     unit = _unit(cfg, task)
@@ -161,7 +184,7 @@ def calibrate(cfg, topo, task):
         z_r = z if neighbouring == "replace_one" else z / 2.0
         rho = 1.0 / (2.0 * z_r * z_r)
     sigma_ldp = c * math.sqrt(2.0 / rho)
-    if cfg.algorithm == "ldp":
+    if cfg.algorithm in LOCAL_NOISE:
         return cfg.with_updates(sigma=sigma_ldp * (1 + 1e-9), delta=delta)
     if cfg.algorithm == "cdp":
         return cfg.with_updates(sigma=sigma_ldp / math.sqrt(n) * (1 + 1e-9), delta=delta)
@@ -191,9 +214,168 @@ def _default_sigma_cdp(sigma_ldp: float, n: int) -> float:
 
 def run_accountant(cfg, topo, task) -> Callable[[int], dict[str, Any] | None]:
     """The privacy-spent function of a built run (noise already calibrated)."""
-    if cfg.algorithm == "dsgd":
+    if cfg.algorithm in NON_PRIVATE or cfg.sigma <= 0:
         return lambda t: None
     return spent(cfg, topo, task, sigma=cfg.sigma, sigma_cor=cfg.sigma_cor)
+
+
+# --- PrivSGP / PrivSGP-VR ----------------------------------------------------------------------
+
+
+def privsgp_geometry(cfg, task) -> tuple[int, int]:
+    """``(J, B)``: table entries per node (blocks) and samples per entry of the run's oracle."""
+    if getattr(task, "kind", "") == "least-squares":
+        return int(cfg.ls_dim), 1  # one entry per row of A_i (tasks.LeastSquaresTask)
+    m = int(task.data.counts.min())
+    return m // cfg.block_size, int(cfg.block_size)
+
+
+def privsgp_sensitivity(cfg, task) -> float:
+    """Replace-one L2 sensitivity of one step's noisy vector (before noise), example level.
+
+    PrivSGP: ``2C/B`` (the drawn entry is a mean of ``B`` per-sample gradients clipped at C).
+    PrivSGP-VR: ``||h - T[xi] + mean T||`` changes by ``2C/B + 2C/B + 2C/(B J)`` when the
+    example's block is drawn and by ``2C/(B J)`` otherwise; the worst case is used.
+    """
+    j, b = privsgp_geometry(cfg, task)
+    c = float(cfg.clip) / b
+    return (4.0 + 2.0 / j) * c if cfg.algorithm == "privsgp-vr" else 2.0 * c
+
+
+def _privsgp_sigma(cfg, task, *, delta: float) -> float:
+    """sigma for a target epsilon: subsampled RDP (PrivSGP) or plain composition (VR)."""
+    from privdl.accounting.conversion import step_rdp_for_epsilon
+    from privdl.accounting.dpsgd import calibrate_noise_multiplier
+
+    sens = privsgp_sensitivity(cfg, task)
+    if cfg.algorithm == "privsgp-vr":
+        rho = step_rdp_for_epsilon(cfg.epsilon, steps=cfg.steps, delta=delta)
+        return sens / math.sqrt(2.0 * rho) * (1 + 1e-9)
+    j, _ = privsgp_geometry(cfg, task)
+    z = calibrate_noise_multiplier(
+        target_epsilon=cfg.epsilon,
+        sampling_rate=1.0 / j,
+        steps=cfg.steps,
+        delta=delta,
+        accountant="rdp",
+        sampling="fixed_size",
+        neighbouring="replace_one",
+        dataset_size=j,
+        rtol=1e-3,
+    )
+    return sens * z * (1 + 1e-9)
+
+
+def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any] | None]:
+    from privdl.accounting.budget import PrivacyBudget
+    from privdl.accounting.conversion import compose_convert
+    from privdl.accounting.dpsgd import event_epsilon
+    from privdl.accounting.events import DecorStepEvent
+
+    if cfg.clip is None:
+        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (clip)")
+    delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
+    sens = privsgp_sensitivity(cfg, task)
+    rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step
+    j, b = privsgp_geometry(cfg, task)
+    if cfg.algorithm == "privsgp-vr":
+        notes = (
+            f"no subsampling amplification (the SAGA mean depends on every sample); "
+            f"sensitivity (4+2/J)C/B with J={j}, B={b}; step_rdp={rho:.6g}"
+        )
+        accountant = "gaussian-rdp+classic"
+    else:
+        notes = f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
+        accountant = "rdp-subsampled"
+
+    def at(t: int) -> dict[str, Any]:
+        if t == 0:
+            eps = 0.0
+        elif cfg.algorithm == "privsgp-vr":
+            eps = compose_convert(rho, steps=t, delta=delta, conversion="classic")
+        else:
+            ev = DecorStepEvent(
+                step_rdp=rho,
+                steps=t,
+                threat_model="ldp",
+                sampling_rate=1.0 / j,
+                sampling="fixed_size",
+                dataset_size=j,
+            )
+            eps = event_epsilon(ev.as_gaussian("replace_one"), delta=delta, accountant="rdp")
+        return PrivacyBudget(
+            epsilon=eps,
+            delta=delta,
+            accountant=accountant,
+            neighbouring="replace_one",
+            unit="example",
+            threat_model="ldp",
+            notes=notes,
+        ).to_dict()
+
+    return at
+
+
+def calibration_record(cfg, topo, task) -> dict[str, Any] | None:
+    """The accounted sigma of a calibrated run next to the paper's formula (labelled nominal).
+
+    PORTER-DP: Theorem 1 ``sigma_p = tau sqrt(T ln(1/delta)) / (m eps)`` (b = 1 in the paper).
+    PrivSGP(-VR): Theorem 2 eq. (11) with c2 = 1 (the paper leaves c2 unspecified), and for VR
+    also the library's Poisson-subsampled approximation (not certified, spec §8.4).
+    """
+    if cfg.epsilon is None or cfg.algorithm not in ("porter-dp", "privsgp", "privsgp-vr"):
+        return None
+    delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
+    priv = run_accountant(cfg, topo, task)(cfg.steps) or {}
+    out: dict[str, Any] = {
+        "target_epsilon": cfg.epsilon,
+        "delta": delta,
+        "accounted": {"sigma": cfg.sigma, **priv},
+    }
+    if cfg.algorithm == "porter-dp":
+        if getattr(task, "kind", "") != "supervised":
+            return out  # full local gradients: Theorem 1's sampling formula does not apply
+        from privdl.accounting.nominal import porter_sigma
+
+        m = int(task.data.counts.min())
+        out["nominal"] = {
+            "sigma": porter_sigma(
+                tau=float(cfg.clip),
+                steps=cfg.steps,
+                delta=delta,
+                local_samples=m,
+                epsilon=cfg.epsilon,
+            ),  # fmt: skip
+            "accountant": "nominal:porter-thm1",
+            "nominal": True,
+            "notes": f"paper formula with b = 1, m = {m}; not a certified guarantee",
+        }
+        return out
+    from privdl.algorithms.privsgp import noise_plan
+
+    j, _ = privsgp_geometry(cfg, task)
+    vr = cfg.algorithm == "privsgp-vr"
+    common = dict(
+        gradient_bound=float(cfg.clip), steps=cfg.steps, local_samples=j,
+        epsilons=cfg.epsilon, deltas=delta, variance_reduction=vr,
+    )  # fmt: skip
+    nom = noise_plan(mode="nominal", c2=1.0, **common)
+    out["nominal"] = {
+        "sigma": nom.sigmas[0],
+        "accountant": "nominal:privsgp-thm2",
+        "nominal": True,
+        "notes": nom.notes,
+    }
+    if vr:
+        approx = noise_plan(mode="accounted", **common)
+        out["subsampled_approximation"] = {
+            "sigma": approx.sigmas[0],
+            "accountant": "rdp-poisson-approx",
+            "nominal": True,
+            "notes": "Poisson rate 1/J, sensitivity 3C, add/remove: an approximation that "
+            "ignores the SAGA mean's dependence on every sample (not certified)",
+        }
+    return out
 
 
 # --- reproduction helpers (DECOR spec s.4.5, s.4.7) ---------------------------------------------

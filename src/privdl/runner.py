@@ -6,6 +6,7 @@ algorithm and accountant from a :class:`~privdl.config.RunConfig` and runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -18,13 +19,14 @@ import torch
 from privdl.algorithms.base import StepSize, consensus_distance
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD, DSGDState
+from privdl.comm.base import Tree
 from privdl.comm.local import LocalCommunicator
-from privdl.config import RunConfig, make_config
+from privdl.config import DEFAULT_PORTER_GAMMA, PORTER, PRIVSGP, RunConfig, make_config
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError, PrivdlError
-from privdl.records import RunRecords
+from privdl.records import RunRecords, write_json_atomic
 from privdl.tasks import build_task
-from privdl.topology import complete, mixing_matrix, parse_graph
+from privdl.topology import ExponentialGraph, complete, mixing_matrix, parse_topology
 
 
 @dataclass
@@ -37,6 +39,24 @@ class Built:
     task: Any
     algorithm: Any
     privacy: Any  # callable t -> dict | None
+    oracle: Any = None  # what algorithm.step calls (default: the task's gradient oracle)
+
+    def __post_init__(self) -> None:
+        if self.oracle is None:
+            self.oracle = self.task.oracle
+
+    def initial_params(self) -> Tree:
+        """``x^0``; PORTER starts every agent at the same point (row 0, its §2.2)."""
+        params = self.task.init_params(seed=self.cfg.seed)
+        if self.cfg.algorithm in PORTER:
+            params = {k: v[:1].expand_as(v).clone() for k, v in params.items()}
+        return params
+
+    def init_state(self, params: Tree) -> Any:
+        """``algorithm.init`` with what it needs (PrivSGP: its sample oracle for the table)."""
+        if self.cfg.algorithm in PRIVSGP:
+            return self.algorithm.init(params, self.oracle, seed=self.cfg.seed)
+        return self.algorithm.init(params, seed=self.cfg.seed)
 
 
 def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
@@ -50,14 +70,16 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda requested but CUDA is not available on this machine")
-    topo = parse_graph(cfg.graph)
-    if cfg.algorithm == "cdp":
+    topo = parse_topology(cfg.graph)
+    if isinstance(topo, ExponentialGraph):  # PrivSGP's time-varying graph (config checks)
+        mixing = topo
+    elif cfg.algorithm == "cdp":
         # CDP baseline: complete graph with exact averaging W = J (DECOR spec §3)
         topo = complete(topo.n)
         mixing = mixing_matrix(topo, "average")
     else:
         topo.require_connected("decentralized training")
-        mixing = mixing_matrix(topo, cfg.mixing)
+        mixing = _mixing(topo, cfg.mixing)
     comm = LocalCommunicator(mixing, device=cfg.device, dtype=dtype)
     task = build_task(cfg)
     if not calibrated:
@@ -94,10 +116,113 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
             sigma_cor=cfg.sigma_cor,
             weight_decay=cfg.weight_decay,
         )
+    elif cfg.algorithm in PORTER:
+        algo = _porter(cfg, clip, step)
+    elif cfg.algorithm in PRIVSGP:
+        return _privsgp(cfg, topo, comm, task, step)
     else:  # pragma: no cover - the config validates the name
         raise ConfigError(f"unknown algorithm {cfg.algorithm!r}")
     privacy = run_accountant(cfg, topo, task)
     return Built(cfg, topo, comm, task, algo, privacy)
+
+
+def _mixing(topo: Any, rule: str | None) -> Any:
+    from privdl.algorithms.porter import best_constant_mixing, fdla_mixing
+
+    if rule == "fdla":
+        return fdla_mixing(topo)
+    if rule == "best-constant":
+        return best_constant_mixing(topo)
+    return mixing_matrix(topo, rule or "metropolis")
+
+
+def _porter(cfg: RunConfig, clip: ClipSpec, step: StepSize) -> Any:
+    """PORTER-DP (Option I, eqs. (6)-(7)) or PORTER-GC (Option II, eqs. (9)-(10))."""
+    from privdl.algorithms.porter import Porter
+    from privdl.mechanisms.compress import parse_compressor
+
+    if cfg.weight_decay > 0:
+        raise ConfigError(f"{cfg.algorithm} has no weight decay")
+    if cfg.sigma_cor > 0:
+        raise ConfigError(f"{cfg.algorithm} has no correlated noise (sigma_cor)")
+    if cfg.clip_mode == "none":
+        raise ConfigError(f"{cfg.algorithm} needs clipping (set clip)")
+    if cfg.algorithm == "porter-gc" and cfg.sigma > 0:
+        raise ConfigError("porter-gc adds no noise (sigma must be 0); use porter-dp for noise")
+    if cfg.algorithm == "porter-dp" and cfg.sigma <= 0:
+        raise ConfigError("porter-dp needs a noise std sigma > 0 or a target epsilon")
+    bits = 64 if cfg.dtype == "float64" else 32
+    comp = parse_compressor(cfg.compressor or "none", value_bits=bits)
+    gamma = float(cfg.gamma) if cfg.gamma is not None else DEFAULT_PORTER_GAMMA
+    return Porter(step, gamma, comp, clip, cfg.sigma, name=cfg.algorithm)
+
+
+def _privsgp(cfg: RunConfig, topo: Any, comm: Any, task: Any, step: StepSize) -> Built:
+    """PrivSGP-VR (Algorithm 1) or PrivSGP (Algorithm 2) with the task's sample oracle."""
+    from privdl.algorithms.privsgp import PrivSGP
+    from privdl.privacy import run_accountant
+
+    if cfg.weight_decay > 0 or cfg.sigma_cor > 0:
+        raise ConfigError(f"{cfg.algorithm} has neither weight decay nor correlated noise")
+    if cfg.sigma > 0 and cfg.clip is None:
+        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (clip)")
+    algo = PrivSGP(step, sigmas=cfg.sigma, variance_reduction=cfg.algorithm == "privsgp-vr")
+    oracle = task.sample_oracle(clip=cfg.clip, block_size=cfg.block_size)
+    privacy = run_accountant(cfg, topo, task)
+    return Built(cfg, topo, comm, task, algo, privacy, oracle=oracle)
+
+
+#: State fields that are not saved: derived from the seed and the node ids on every start.
+_DERIVED = ("t", "seed", "noise_keys", "edge_keys", "nodes")
+
+
+def export_state(state: Any) -> dict[str, torch.Tensor]:
+    """The algorithm state's node-leading tensors as one flat tree (``name`` or ``name/leaf``).
+
+    Everything but the step and the seed-derived keys: PORTER's surrogates ``q_x, q_v``, tracker
+    ``v`` and stored noisy gradient ``g_prev``; PrivSGP's ``x, w``, SAGA table and running mean.
+    The compressor and sampling generators are keyed by ``(seed, t)``: ``t`` is their position.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for f in dataclasses.fields(state):
+        v = getattr(state, f.name)
+        if f.name in _DERIVED or f.name == "params" or v is None:
+            continue
+        if isinstance(v, torch.Tensor):
+            out[f.name] = v
+        elif isinstance(v, dict):
+            out.update({f"{f.name}/{k}": leaf for k, leaf in v.items()})
+    return out
+
+
+def import_state(state: Any, params: Tree, saved: dict[str, torch.Tensor], *, t: int) -> Any:
+    """``state`` (a fresh ``init``) with the saved tensors, parameters and step put back."""
+    names = {f.name for f in dataclasses.fields(state)}
+    dev = next(iter(params.values())).device
+    updates: dict[str, Any] = {}
+    if "params" in names:
+        updates["params"] = {k: v.to(dev) for k, v in params.items()}
+    for key, v in saved.items():
+        name, _, leaf = key.partition("/")
+        if name not in names:
+            raise PrivdlError(f"the checkpoint does not match the algorithm (field {name!r})")
+        if leaf:
+            updates.setdefault(name, {})[leaf] = v.to(dev)
+        else:
+            updates[name] = v.to(dev)
+    new = dataclasses.replace(state, **updates)
+    new.t = int(t)
+    return new
+
+
+def checkpoint(state: Any, params: Tree, *, wall: float, extra: dict | None = None) -> dict:
+    """A checkpoint: the models, the step and (new algorithms) the full state on the CPU."""
+    full = export_state(state) if extra is None else extra
+    ckpt: dict[str, Any] = {"params": {k: v.cpu() for k, v in params.items()}, "t": state.t}
+    ckpt["wall_time"] = wall
+    if full:
+        ckpt["state"] = {k: v.cpu() for k, v in full.items()}
+    return ckpt
 
 
 def _progress(total: int, start: int, enabled: bool):
@@ -134,13 +259,27 @@ def train(
     ``progress=None`` shows a progress bar only when stderr is a terminal. ``stop_after`` ends
     the run early after that many steps without a summary (used to test resuming).
     """
+    from privdl.privacy import calibration_record
+
     cfg = cfg if isinstance(cfg, RunConfig) else make_config(cfg)
     built = build(cfg)
     records = RunRecords(out_dir)
     records.start(built.cfg.model_dump(), overwrite=overwrite)
-    cfg = built.cfg
-    state = built.algorithm.init(built.task.init_params(seed=cfg.seed), seed=cfg.seed)
+    write_calibration(records, calibration_record(built.cfg, built.topology, built.task))
+    state = built.init_state(built.initial_params())
     return _loop(built, records, state, progress=progress, stop_after=stop_after, t0_wall=0.0)
+
+
+CALIBRATION_FILE = "calibration.json"
+
+
+def write_calibration(records: RunRecords, record: dict | None) -> None:
+    """Save the accounted and nominal noise levels of a calibrated run (``calibration.json``)."""
+    path = records.dir / CALIBRATION_FILE
+    if record is not None:
+        write_json_atomic(path, record)
+    elif path.exists():  # an overwritten earlier run's
+        path.unlink()
 
 
 def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, Any]:
@@ -152,14 +291,10 @@ def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, An
     cfg = make_config(records.config())
     built = build(cfg, calibrated=True)
     ckpt = records.load_checkpoint()
-    if ckpt is None:
-        state = built.algorithm.init(built.task.init_params(seed=cfg.seed), seed=cfg.seed)
-        wall = 0.0
-    else:
-        state = built.algorithm.init(
-            {k: v.to(cfg.device) for k, v in ckpt["params"].items()}, seed=cfg.seed
-        )
-        state.t = int(ckpt["t"])
+    state = built.init_state(built.initial_params())
+    wall = 0.0
+    if ckpt is not None:
+        state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
         wall = float(ckpt.get("wall_time", 0.0))
     return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
 
@@ -185,20 +320,14 @@ def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, 
     with _progress(cfg.steps, state.t, enabled) as prog:
         bar = prog.add_task(cfg.algorithm, total=cfg.steps, completed=state.t, info="")
         while state.t < cfg.steps:
-            state, info = built.algorithm.step(state, built.task.oracle, built.comm)
+            state, info = built.algorithm.step(state, built.oracle, built.comm)
             prog.advance(bar)
             if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
                 wall = time.perf_counter() - start_wall
                 row = _eval_row(built, state, wall)
                 if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
                     row["diverged"] = True
-                records.save_checkpoint(
-                    {
-                        "params": {k: v.cpu() for k, v in state.params.items()},
-                        "t": state.t,
-                        "wall_time": wall,
-                    }
-                )
+                records.save_checkpoint(checkpoint(state, state.params, wall=wall))
                 if state.t not in have:
                     records.append(row)
                 last_row = row
@@ -216,6 +345,11 @@ def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, 
         "completed": state.t == cfg.steps,
         "topology": built.topology.summary(),
     }
+    cal = records.dir / CALIBRATION_FILE
+    if cal.is_file():
+        import json
+
+        summary["calibration"] = json.loads(cal.read_text())
     records.finish(summary)
     if last_row.get("diverged"):
         raise PrivdlError(

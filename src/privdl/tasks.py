@@ -75,6 +75,19 @@ class LeastSquaresTask:
             grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
         return GradResult(grads=grads, loss=self._losses(x), per_sample_norms=None)
 
+    def sample_oracle(self, *, clip: float | None, block_size: int = 1):
+        """Per-sample oracle for PrivSGP(-VR): row j of ``A_i = a_i I`` is sample j of node i.
+
+        ``f_i(x; j) = 1/2 (a_i x_j - b_ij)^2``, so ``(1/d) sum_j f_i(x; j) = L_i(x) / d``: the same
+        minimiser, with ``J = d`` samples per node (PrivSGP-VR Algorithm 1's ``f_i``).
+        """
+        from privdl.algorithms.privsgp import LeastSquaresSamples
+
+        if block_size != 1:
+            raise ConfigError("least-squares has one sample per coordinate: use block_size 1")
+        eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
+        return LeastSquaresSamples(self._a[:, None, None] * eye, self._b.clone(), clip=clip)
+
     def evaluate(self, params: Tree) -> dict[str, float]:
         x = params["x"]
         xbar = x.mean(dim=0)
@@ -193,6 +206,23 @@ class SupervisedTask:
             denominator=denom,
         )
 
+    def sample_oracle(self, *, clip: float | None, block_size: int = 1):
+        """Block oracle for PrivSGP(-VR) (spec privsgp-vr.md §8.1): node i's first ``m`` samples
+        (``m`` = the smallest node's count), in blocks of ``block_size``; table in the run's dtype.
+        """
+        from privdl.algorithms.privsgp import ModelSamples
+
+        m = int(self.data.counts.min())
+        return ModelSamples(
+            self.model,
+            self.data.x[:, :m],
+            self.data.y[:, :m],
+            block_size=block_size,
+            loss=self.loss_name,
+            clip=clip,
+            table_dtype=self.dtype,
+        )
+
     def evaluate(self, params: Tree) -> dict[str, float]:
         avg = {k: v.mean(dim=0, keepdim=True) for k, v in params.items()}
         tr_loss, tr_acc = evaluate(
@@ -209,9 +239,9 @@ class SupervisedTask:
 
 def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
     """The task a :class:`~privdl.config.RunConfig` asks for, on ``n_nodes`` nodes."""
-    from privdl.topology import parse_graph
+    from privdl.topology import parse_topology
 
-    n = parse_graph(cfg.graph).n
+    n = parse_topology(cfg.graph).n
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.task == "least-squares":
         return LeastSquaresTask(

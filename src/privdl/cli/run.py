@@ -36,6 +36,9 @@ _FLAGS = {
     "delta": "delta",
     "adversary": "adversary",
     "label": "label",
+    "compressor": "compressor",
+    "gamma": "gamma",
+    "block_size": "block_size",
 }
 
 
@@ -60,8 +63,15 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.option("--config", "config_file", type=click.Path(), help="TOML config file.")
 @click.option("--task", help="least-squares, a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10")
 @click.option("--model", help="Model name (default per task).")
-@click.option("--graph", help="Graph spec, e.g. ring:16, torus:4x4, or an edge-list file.")
-@click.option("--mixing", help="decor, metropolis, max-degree, average.")
+@click.option(
+    "--graph",
+    help="Graph spec, e.g. ring:16, torus:4x4, an edge-list file, or expo:N (PrivSGP only).",
+)
+@click.option(
+    "--mixing",
+    help="decor, metropolis, max-degree, average, fdla, best-constant (default: fdla for PORTER, "
+    "metropolis otherwise).",
+)
 @click.option("--steps", type=int)
 @click.option("--lr", type=float)
 @click.option("--lr-decay", type=float, help="eta_t = lr/(1 + t/DECAY).")
@@ -69,7 +79,9 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.option("--sampling", help="without_replacement, poisson or full.")
 @click.option("--clip", type=float, help="Clipping threshold C.")
 @click.option("--clip-mode", help="per_sample, batch_mean or none.")
-@click.option("--sigma", type=float, help="Independent Gaussian noise std (LDP/CDP/DECOR).")
+@click.option(
+    "--sigma", type=float, help="Gaussian noise std (LDP/CDP/DECOR sigma, PORTER sigma_p, PrivSGP)."
+)
 @click.option("--sigma-cor", type=float, help="Correlated noise std (DECOR).")
 @click.option("--weight-decay", type=float)
 @click.option("--partition", help="iid, dirichlet:ALPHA or shards:K.")
@@ -82,13 +94,22 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.option("--delta", type=float)
 @click.option("--adversary", help="eavesdropper, curious, collusion:Q or ldp (DECOR).")
 @click.option("--label", help="A name for the run in reports.")
+@click.option(
+    "--compressor", help="PORTER compressor: none, randk:F (alias random:F), urandk, topk, qsgd:L."
+)
+@click.option("--gamma", type=float, help="PORTER consensus step size gamma in (0, 1].")
+@click.option("--block-size", type=int, help="PrivSGP-VR samples per SAGA table entry.")
 @click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
 @click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
 @click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in DIR.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier run in --out.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: if a tty).")
 def run(algorithm, config_file, sets, out, resume_dir, overwrite, progress, **flags) -> None:
-    """Train ALGORITHM (dsgd, ldp, cdp, decor) and record metrics and privacy spent."""
+    """Train ALGORITHM and record metrics and privacy spent.
+
+    ALGORITHM: dsgd, ldp, cdp, decor (DECOR), porter-dp, porter-gc (PORTER), privsgp,
+    privsgp-vr (PrivSGP-VR; also on expo:N with push-sum).
+    """
     from privdl.runner import resume, train
 
     if resume_dir:
@@ -117,6 +138,11 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         " ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
     )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
+    cal = summary.get("calibration") or {}
+    for key, entry in cal.items():
+        if isinstance(entry, dict) and "sigma" in entry:
+            tag = "NOMINAL, " if entry.get("nominal") else ""
+            click.echo(f"sigma ({key}, {tag}{entry.get('accountant')}): {entry['sigma']:.6g}")
     click.echo(f"records: {out_dir}")
 
 

@@ -1,0 +1,92 @@
+"""``privdl run`` / ``privdl report`` for PORTER-DP, PORTER-GC, PrivSGP and PrivSGP-VR."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privdl.cli.main import main
+
+TINY = ["--task", "least-squares", "--steps", "20", "--eval-every", "10", "--clip", "1",
+        "--dtype", "float64", "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, private",
+    [
+        (["porter-dp", "--graph", "ring:6", "--epsilon", "5", "--compressor", "random:0.5"], True),
+        (["porter-gc", "--graph", "ring:6", "--sigma", "0", "--gamma", "0.5"], False),
+        (["privsgp", "--graph", "ring:6", "--sigma", "2"], True),
+        (["privsgp-vr", "--graph", "expo:6", "--epsilon", "8", "--delta", "1e-5"], True),
+    ],
+)
+def test_run_and_report(argv, private, tmp_path, capsys):
+    out = tmp_path / argv[0]
+    assert main(["run", *argv, *TINY, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] and summary["config"]["algorithm"] == argv[0]
+    priv = summary["final"].get("privacy")
+    if not private:
+        assert priv is None and "privacy: non-private" in text
+    else:
+        label = f"{priv['accountant']}, ldp, {priv['unit']}-level, {priv['neighbouring']}"
+        assert label in text and f"delta={priv['delta']}" in text
+        if "--epsilon" in argv:
+            target = float(argv[argv.index("--epsilon") + 1])
+            assert target * (1 - 1e-6) <= priv["epsilon"] <= target
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    report = capsys.readouterr().out
+    assert argv[0] in report and ("non-private" in report) == (not private)
+
+
+def test_nominal_sigma_is_printed_and_labelled(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["run", "privsgp-vr", "--graph", "expo:4", "--epsilon", "2", *TINY,
+                 "--out", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "sigma (accounted, gaussian-rdp+classic)" in text
+    assert "sigma (nominal, NOMINAL, nominal:privsgp-thm2)" in text
+    cfg = json.loads((out / "config.json").read_text())
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cfg["sigma"] == cal["accounted"]["sigma"] != cal["nominal"]["sigma"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["porter-gc", "--graph", "ring:6", "--epsilon", "1"],
+        ["porter-gc", "--graph", "ring:6", "--sigma", "0.5"],
+        ["porter-dp", "--graph", "ring:6"],
+        ["porter-dp", "--graph", "expo:6", "--sigma", "1"],
+        ["porter-dp", "--graph", "ring:6", "--sigma", "1", "--compressor", "bogus:1"],
+        ["porter-dp", "--graph", "ring:6", "--sigma", "1", "--gamma", "2"],
+        ["privsgp", "--graph", "ring:6", "--compressor", "randk:0.5"],
+        ["privsgp-vr", "--graph", "expo:6", "--block-size", "2"],
+        ["privsgp", "--graph", "ring:6", "--clip-mode", "batch_mean"],
+        ["ldp", "--graph", "ring:6", "--sigma", "1", "--gamma", "0.5"],
+        ["privsgp-vr", "--graph", "expo:6", "--epsilon", "1", "--sigma", "1"],
+    ],
+)
+def test_bad_options_exit_2_with_one_line(argv, tmp_path, capsys):
+    rc = main(["run", *argv, *TINY, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_resume_from_the_cli(tmp_path, capsys):
+    from privdl.runner import train
+
+    out = tmp_path / "p"
+    cfg = {"algorithm": "porter-dp", "task": "least-squares", "graph": "ring:6", "steps": 20,
+           "eval_every": 10, "clip": 1.0, "sigma": 0.5, "dtype": "float64"}  # fmt: skip
+    train(cfg, out, progress=False, stop_after=10)
+    assert not (out / "summary.json").exists()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_done"] == 20 and summary["completed"]
+    full = train(cfg, tmp_path / "f", progress=False)
+    assert summary["final"]["optimality_gap"] == full["final"]["optimality_gap"]
