@@ -199,3 +199,51 @@ def test_quick_fig1c(tmp_path, shared_datasets) -> None:
     legacy = [r for r in s["results"] if r["budget"] == "legacy"]
     # the paper's budgets are far smaller than the correctly composed epsilon of the same run
     assert all(r["epsilon_accounted"] > 10 * r["epsilon"] for r in legacy)
+
+
+def test_accounted_decor_pair_is_the_first_feasible_grid_point(shared_datasets) -> None:
+    """fig1c's accounted DECOR pair: accounted eps <= target, sigma_cor <= cap, and the grid
+    point before it has no sigma_cor under the cap (the code's rule, with the composed RDP)."""
+    from privdl.config import make_config
+    from privdl.errors import ConfigError
+    from privdl.experiments.decor_mnist import _accounted_decor_pair
+    from privdl.privacy import calibrate
+    from privdl.runner import build
+    from privdl.tasks import build_task
+
+    base = dict(
+        task="mnist",
+        model="mlp",
+        steps=1000,
+        batch_size=64,
+        partition="dirichlet:10",
+        mixing="decor",
+        delta=1e-5,
+        clip_mode="per_sample",
+        sampling="without_replacement",
+        data_dir=str(shared_datasets),
+        lr=1.0,
+        clip=1.0,
+    )
+    eps, spec, cap, points = 3.0, "torus:4x4", 0.1, 100
+    s, c = _accounted_decor_pair(
+        dict(base, epsilon=eps), spec, batch=64, cor_max=cap, points=points
+    )
+    built = build(make_config(dict(base, algorithm="decor", graph=spec, sigma=s, sigma_cor=c)))
+    assert built.privacy(1000)["epsilon"] <= eps
+    assert 0 < c <= cap
+    ldp = make_config(dict(base, algorithm="ldp", graph=spec, epsilon=eps))
+    topo = parse_graph(spec)
+    s_ldp = calibrate(ldp, topo, build_task(ldp)).sigma
+    grid = np.linspace(s_ldp / 4.0, s_ldp, points)[1:]
+    k = int(np.argmin(np.abs(grid - s)))
+    assert grid[k] == pytest.approx(s, rel=1e-12) and k > 0
+    rho = 2.0 * (1.0 / 64) ** 2 / s_ldp**2
+    with pytest.raises(ConfigError):  # the previous point needs sigma_cor above the cap
+        decor_pair_for_step_rdp(
+            topo.graph,
+            step_rdp=rho,
+            clip=1.0 / 64,
+            sigma_cdp_grid=grid[k - 1 : k],
+            sigma_cor_max=cap,
+        )

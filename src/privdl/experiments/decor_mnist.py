@@ -52,6 +52,34 @@ def _legacy_sigmas(alg, topo_spec, *, eps, clip, batch, rate, grid, cor_max):
     )
 
 
+def _accounted_decor_pair(
+    values: dict[str, Any], spec: str, *, batch: int, cor_max: float, points: int
+) -> tuple[float, float]:
+    """DECOR's pair for a correctly accounted budget, chosen by the reference code's rule.
+
+    The LDP calibration gives sigma_ldp = c sqrt(2 / rho) (c = C / batch, rho the composed,
+    subsampled per-step RDP slope that meets (eps, delta) over T); DECOR takes the smallest
+    sigma_cdp in linspace(sigma_ldp / sqrt(n), sigma_ldp, points) whose sigma_cor (SecRDP
+    slope <= rho) is at most ``cor_max`` -- the rule the code applies to its legacy budgets
+    (spec s.6.4), here with the composed accountant, so the run's accounted epsilon meets the
+    target.
+    """
+    from privdl.config import make_config
+    from privdl.privacy import calibrate, decor_pair_for_step_rdp
+    from privdl.tasks import build_task
+    from privdl.topology import parse_graph
+
+    cfg = make_config(dict(values, algorithm="ldp", graph=spec))
+    topo = parse_graph(spec)
+    sigma_ldp = calibrate(cfg, topo, build_task(cfg)).sigma
+    c = float(cfg.clip) / batch
+    rho = 2.0 * c * c / (sigma_ldp * sigma_ldp)
+    grid = np.linspace(sigma_ldp / math.sqrt(topo.n), sigma_ldp, points)[1:]
+    return decor_pair_for_step_rdp(
+        topo.graph, step_rdp=rho, clip=c, sigma_cdp_grid=grid, sigma_cor_max=cor_max
+    )
+
+
 def run_fig1c(
     out_dir: Path,
     *,
@@ -123,6 +151,15 @@ def run_fig1c(
             else:
                 lr, clip = p["hyper"]["default"]
                 extra = {"epsilon": float(eps)}
+                if alg == "decor" and p["accounted_decor_rule"] == "paper-grid":
+                    s, c = _accounted_decor_pair(
+                        dict(base, lr=lr, clip=clip, epsilon=float(eps)),
+                        spec,
+                        batch=p["batch_size"],
+                        cor_max=p["sigma_cor_max"] * clip,
+                        points=int(gl[2]),
+                    )
+                    extra = {"sigma": s, "sigma_cor": c}
             runs = []
             for seed in p["seeds"]:
                 v = dict(base, algorithm=alg, graph=spec, seed=seed, lr=lr, clip=clip, **extra)
@@ -253,7 +290,15 @@ def run_fig1c(
             "<= C/10). The column 'accounted eps' gives the correctly composed (eps, 1e-5) of the "
             "same run (dp-accounting RDP, fixed-size sampling, replace-one).",
             f"**Correctly accounted budgets** {p['epsilons']}: calibrated by the library (composed "
-            "over T, subsampled RDP); DECOR uses sigma_cdp = 2 sigma_cdp^CDP, sigma_cor solved.",
+            "over T, subsampled RDP); DECOR's pair: "
+            + (
+                "the code's rule (smallest sigma_cdp on linspace(sigma_cdp^CDP, sigma_ldp) with "
+                "sigma_cor <= C/10), with the composed accountant."
+                if p["accounted_decor_rule"] == "paper-grid"
+                else "the library default (sigma_cdp = 2 sigma_cdp^CDP, sigma_cor solved); the "
+                "code's rule picks a large sigma_cor that pays off only over many steps "
+                "(Theorem 2's O(1/T^2) term), not in a 40-step quick run."
+            ),
             "![legacy](fig1c_legacy.png)",
             "![accounted](fig1c_accounted.png)",
             _table(
@@ -295,6 +340,9 @@ REPRODUCTIONS = [
         paper="DECOR (ICML'24)",
         description="MNIST MLP, example level: legacy and correctly accounted budgets",
         run=run_fig1c,
-        full_runtime="~55 h on 2 CPU cores (estimated from per-step cost); GPU advised",
+        full_runtime=(
+            "~40 min on one H100 (measured: 11.5 s per 1000-step run, 196 runs); ~55 h on 2 CPU"
+            " cores"
+        ),
     ),
 ]
