@@ -161,8 +161,13 @@ def train_and_evaluate(
     state = fl.init(params, seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RPCANotConvergedWarning)
-        for _ in range(rounds):
+        started = time.perf_counter()
+        for r in range(rounds):
             state, info = fl.step(state)
+            if rounds >= 20 and (r + 1) % max(1, rounds // 10) == 0:  # a cell can take minutes
+                _progress(
+                    f"  {method}: round {r + 1}/{rounds}, {time.perf_counter() - started:.0f} s"
+                )
     acc = evaluate_clients(model, state.theta, test)["accuracy"]
     w = info["weights"].double().cpu().numpy()
     # Table 3's normalisation: sigma_i^2 / (p eta_l^2), so methods with different lrs compare
