@@ -84,7 +84,7 @@ def apply_overrides(
 ) -> dict[str, Any]:
     """``values`` with ``--set KEY=VALUE`` overrides, each parsed as the value it replaces.
 
-    Lists take comma-separated items (``--set seeds=1,2``); a key not in ``values`` or a value
+    Lists take comma-separated items (``--set seeds=1,2``; empty: no items); a key not in ``values`` or a value
     of the wrong type is a one-line :class:`ConfigError` naming the accepted keys.
     """
     out = dict(values)
@@ -109,8 +109,9 @@ def parse_like(key: str, raw: Any, like: Any) -> Any:
             return int(raw)
         if isinstance(like, float):
             return float(raw)
-        if isinstance(like, list):
-            return [parse_like(key, v.strip(), like[0] if like else v) for v in raw.split(",")]
+        if isinstance(like, list):  # "a,b" -> [a, b]; "" -> [] (e.g. --set legacy_epsilons=)
+            items = [v.strip() for v in raw.split(",")] if raw.strip() else []
+            return [parse_like(key, v, like[0] if like else v) for v in items]
     except ValueError:
         raise ConfigError(f"--set {key}={raw}: expected a {type(like).__name__}") from None
     return raw

@@ -99,9 +99,6 @@ def run_fig1c(
     from privdl.topology import parse_graph
 
     p = _preset("decor-fig1c", quick)
-    if overrides and overrides.get("legacy_epsilons") == "":
-        overrides = {k: v for k, v in overrides.items() if k != "legacy_epsilons"}
-        p["legacy_epsilons"] = []
     p = apply_overrides(p, overrides, name="decor-fig1c")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

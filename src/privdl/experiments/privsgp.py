@@ -28,7 +28,7 @@ from privdl.algorithms.privsgp import (
 )
 from privdl.comm.local import LocalCommunicator
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, load_preset, parse_like, write_outputs
+from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
 
 PAPER = "Zhu et al., PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient Push"
 
@@ -192,12 +192,9 @@ def _cfg(name: str, quick: bool, overrides: dict[str, str] | None = None) -> tup
     preset = load_preset(name)
     cfg = dict(preset["quick" if quick else "full"])
     top = {k: v for k, v in preset.items() if k not in ("quick", "full")}
-    for key, raw in (overrides or {}).items():
-        target = cfg if key in cfg else top if key in top else None
-        if target is None:
-            known = ", ".join(sorted(set(cfg) | set(top)))
-            raise ConfigError(f"unknown setting {key!r} for {name}; known: {known}")
-        target[key] = parse_like(key, raw, target[key])
+    merged = apply_overrides({**top, **cfg}, overrides, name=name)  # the mode's table wins
+    cfg = {k: merged[k] for k in cfg}
+    top = {k: top[k] if k in cfg else merged[k] for k in top}
     return top, cfg
 
 
@@ -218,6 +215,24 @@ def _report(title: str, intro: str, body: list[str], checks: dict[str, bool]) ->
     lines = [f"# {title}", "", intro, "", *body, "", "## Checks", ""]
     lines += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in checks.items()]
     return "\n".join(lines) + "\n"
+
+
+def _finish(
+    out_dir: Path,
+    name: str,
+    title: str,
+    *,
+    quick: bool,
+    body: list[str],
+    checks: dict[str, bool],
+    results: dict,
+    t0: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write report.md and summary.json (with ``extra`` summary fields) for reproduction ``name``."""
+    summary = {**_summary(name, quick, checks, results, t0), **extra}
+    intro = f"Preset {name} ({'quick' if quick else 'full'})."
+    return write_outputs(out_dir, report_md=_report(title, intro, body, checks), summary=summary)
 
 
 def _summary(name: str, quick: bool, checks: dict[str, bool], results: dict, t0: float) -> dict:
@@ -323,14 +338,16 @@ def run_speedup(
         "",
         "![speedup](speedup_loss.png)",
     ]
-    summary = _summary("privsgp-mnist-speedup", quick, checks, results, t0)
-    report = _report(
+    return _finish(
+        out_dir,
+        "privsgp-mnist-speedup",
         "PrivSGP-VR linear speedup (MNIST, Fig. 6)",
-        f"Preset privsgp-mnist-speedup ({'quick' if quick else 'full'}).",
-        body,
-        checks,
+        quick=quick,
+        body=body,
+        checks=checks,
+        results=results,
+        t0=t0,
     )
-    return write_outputs(out_dir, report_md=report, summary=summary)
 
 
 # --------------------------------------------------------------------------- Fig 7: K sweep
@@ -432,14 +449,16 @@ def run_ksweep(
         "",
         "![ksweep](ksweep_accuracy.png)",
     ]
-    summary = _summary("privsgp-mnist-ksweep", quick, checks, results, t0)
-    report = _report(
+    return _finish(
+        out_dir,
+        "privsgp-mnist-ksweep",
         "PrivSGP-VR optimal K (MNIST, Fig. 7)",
-        f"Preset privsgp-mnist-ksweep ({'quick' if quick else 'full'}).",
-        body,
-        checks,
+        quick=quick,
+        body=body,
+        checks=checks,
+        results=results,
+        t0=t0,
     )
-    return write_outputs(out_dir, report_md=report, summary=summary)
 
 
 # --------------------------------------------------------------------------- Figs 9-10
@@ -529,14 +548,16 @@ def run_vr(
         "",
         "![loss](vr_loss.png) ![accuracy](vr_accuracy.png)",
     ]
-    summary = _summary("privsgp-mnist-vr", quick, checks, results, t0)
-    report = _report(
+    return _finish(
+        out_dir,
+        "privsgp-mnist-vr",
         "PrivSGP-VR vs PrivSGP and DP baselines (MNIST, Figs. 9-10)",
-        f"Preset privsgp-mnist-vr ({'quick' if quick else 'full'}).",
-        body,
-        checks,
+        quick=quick,
+        body=body,
+        checks=checks,
+        results=results,
+        t0=t0,
     )
-    return write_outputs(out_dir, report_md=report, summary=summary)
 
 
 # --------------------------------------------------------------------------- CIFAR
@@ -788,15 +809,17 @@ def _cifar_outputs(
             )
         )
     results = {"planning": planning, "training": runs, "complete": final}
-    summary = _summary("privsgp-cifar", quick, checks, results, t0)
-    summary["device"] = str(dev)
-    report = _report(
+    return _finish(
+        out_dir,
+        "privsgp-cifar",
         "PrivSGP-VR on CIFAR-10 / ResNet-18 (Section 7)",
-        f"Preset privsgp-cifar ({'quick' if quick else 'full'}).",
-        body,
-        checks,
+        quick=quick,
+        body=body,
+        checks=checks,
+        results=results,
+        t0=t0,
+        device=str(dev),
     )
-    return write_outputs(out_dir, report_md=report, summary=summary)
 
 
 REPRODUCTIONS = [
