@@ -30,6 +30,7 @@ from torch import nn
 
 from privdl.engine import ClipSpec, node_gradients
 from privdl.mechanisms import independent_noise, node_noise_keys
+from privdl.mechanisms.prng import resolve_backend
 from privdl.models import build_model
 
 N_NODES, BATCH, IN_DIM, HIDDEN, CLASSES = 16, 64, 784, 128, 10
@@ -212,13 +213,18 @@ def main() -> None:
     t_non += _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
 
     # the same private step with privdl's keyed streams (one per node), against non-private
-    for backend in ("chacha20", "torch"):
+    for backend in ("aes-ziggurat", "chacha20", "torch"):
         t_lib = _time(library_private_step(backend), iters=args.iters, warmup=1, device=device)
         t_non2 = _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
         results[f"ms_per_iter_private_{backend}_streams"] = round(1e3 * statistics.median(t_lib), 3)
         results[f"ratio_private_{backend}_streams_over_nonprivate"] = round(
             statistics.median(t_lib) / statistics.median(t_non2), 3
         )
+    default = resolve_backend("auto", device)  # what DSGD/LDP/DECOR runs use by default
+    results["default_streams"] = default
+    results["ratio_private_default_streams_over_nonprivate"] = results[
+        f"ratio_private_{default}_streams_over_nonprivate"
+    ]
     if device.type == "cuda":  # host-side cost per step (launch-bound when close to the total)
         for name, fn in (("private", private_step), ("nonprivate", nonprivate_step)):
             torch.cuda.synchronize()

@@ -69,6 +69,9 @@ class RunConfig(BaseModel):
     compressor: str | None = None
     gamma: float | None = None
     block_size: int = Field(default=1, ge=1)
+    # Keyed Gaussian streams (privdl.mechanisms.prng); "auto" is resolved from ``device`` when the
+    # run starts and the resolved name is saved, so a resumed run keeps its streams.
+    noise_backend: Literal["auto", "aes-ziggurat", "chacha20", "torch"] = "auto"
 
     @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
     @classmethod

@@ -65,8 +65,11 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
     Unless ``calibrated`` (a resumed run's saved config), a target ``epsilon`` is turned into
     noise levels first; the returned ``Built.cfg`` is the resolved configuration.
     """
+    from privdl.mechanisms.prng import resolve_backend
     from privdl.privacy import calibrate, run_accountant
 
+    if cfg.noise_backend == "auto":
+        cfg = cfg.model_copy(update={"noise_backend": resolve_backend("auto", cfg.device)})
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda requested but CUDA is not available on this machine")
@@ -101,7 +104,13 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
             raise ConfigError(f"algorithm {cfg.algorithm!r} needs a noise std sigma > 0")
         if cfg.sigma_cor > 0:
             raise ConfigError(f"algorithm {cfg.algorithm!r} has no correlated noise (sigma_cor)")
-        algo = DSGD(step, clip=clip, sigma=cfg.sigma, weight_decay=cfg.weight_decay)
+        algo = DSGD(
+            step,
+            clip=clip,
+            sigma=cfg.sigma,
+            weight_decay=cfg.weight_decay,
+            noise_backend=cfg.noise_backend,
+        )
     elif cfg.algorithm == "decor":
         if cfg.clip_mode == "none":
             raise ConfigError("algorithm 'decor' needs clipping (set clip)")
@@ -115,6 +124,7 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
             sigma_cdp=cfg.sigma,
             sigma_cor=cfg.sigma_cor,
             weight_decay=cfg.weight_decay,
+            noise_backend=cfg.noise_backend,
         )
     elif cfg.algorithm in PORTER:
         algo = _porter(cfg, clip, step)
@@ -154,7 +164,9 @@ def _porter(cfg: RunConfig, clip: ClipSpec, step: StepSize) -> Any:
     bits = 64 if cfg.dtype == "float64" else 32
     comp = parse_compressor(cfg.compressor or "none", value_bits=bits)
     gamma = float(cfg.gamma) if cfg.gamma is not None else DEFAULT_PORTER_GAMMA
-    return Porter(step, gamma, comp, clip, cfg.sigma, name=cfg.algorithm)
+    return Porter(
+        step, gamma, comp, clip, cfg.sigma, name=cfg.algorithm, noise_backend=cfg.noise_backend
+    )
 
 
 def _privsgp(cfg: RunConfig, topo: Any, comm: Any, task: Any, step: StepSize) -> Built:
@@ -166,7 +178,12 @@ def _privsgp(cfg: RunConfig, topo: Any, comm: Any, task: Any, step: StepSize) ->
         raise ConfigError(f"{cfg.algorithm} has neither weight decay nor correlated noise")
     if cfg.sigma > 0 and cfg.clip is None:
         raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (clip)")
-    algo = PrivSGP(step, sigmas=cfg.sigma, variance_reduction=cfg.algorithm == "privsgp-vr")
+    algo = PrivSGP(
+        step,
+        sigmas=cfg.sigma,
+        variance_reduction=cfg.algorithm == "privsgp-vr",
+        noise_backend=cfg.noise_backend,
+    )
     oracle = task.sample_oracle(clip=cfg.clip, block_size=cfg.block_size)
     privacy = run_accountant(cfg, topo, task)
     return Built(cfg, topo, comm, task, algo, privacy, oracle=oracle)

@@ -401,7 +401,8 @@ def _device_run(device: str, steps: int = 3) -> tuple[PrivSGP, object, list[floa
     """A few PrivSGP-VR steps of a width-2 ResNet-18-GN (float64) on ``device``.
 
     Data and ``x^0`` are made on the CPU and moved, so every device starts from the same point;
-    the sample indices and the ChaCha20 noise are device-independent draws.
+    the sample indices and the ChaCha20 noise (pinned: "auto" would pick the ziggurat streams on
+    the CPU) are device-independent draws.
     """
     from privdl.data import load_dataset
     from privdl.models import build_model
@@ -416,7 +417,7 @@ def _device_run(device: str, steps: int = 3) -> tuple[PrivSGP, object, list[floa
     )
     oracle = ModelSamples(model, x, y, block_size=2, clip=5.0, table_dtype=D64)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64, device=device)
-    alg = PrivSGP(StepSize(0.2), sigmas=[0.01, 0.02, 0.03, 0.04])
+    alg = PrivSGP(StepSize(0.2), sigmas=[0.01, 0.02, 0.03, 0.04], noise_backend="chacha20")
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # small kernels: 2 threads are ~10x slower on a shared machine
     try:

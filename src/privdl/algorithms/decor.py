@@ -51,6 +51,7 @@ class Decor:
     sigma_cdp: float = 0.0
     sigma_cor: float = 0.0
     weight_decay: float = 0.0
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
@@ -85,7 +86,13 @@ class Decor:
         if self.sigma_cdp > 0:
             keys = [state.noise_keys[i] for i in owned]
             flat = independent_noise(
-                keys, t, size, sigma=self.sigma_cdp, dtype=first.dtype, device=first.device
+                keys,
+                t,
+                size,
+                sigma=self.sigma_cdp,
+                dtype=first.dtype,
+                device=first.device,
+                backend=self.noise_backend,
             )
         if self.sigma_cor > 0:
             cor = correlated_noise(
@@ -98,6 +105,7 @@ class Decor:
                 dtype=first.dtype,
                 device=first.device,
                 nodes=None if len(owned) == self.n_nodes else owned,
+                backend=self.noise_backend,
             )
             flat = cor if flat is None else flat + cor
         if flat is not None:

@@ -81,6 +81,7 @@ class DP2SGD:
     step_size: StepSize
     sigmas: float | Sequence[float] = 0.0
     asynchronous: bool = False
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         sig = [self.sigmas] if isinstance(self.sigmas, int | float) else list(self.sigmas)
@@ -114,7 +115,13 @@ class DP2SGD:
             sigma = torch.as_tensor(list(self.sigmas), dtype=x.dtype, device=x.device)[:, None]
         if bool((sigma > 0).any()):
             noise = independent_noise(
-                state.noise_keys, t, x.shape[1], sigma=1.0, dtype=x.dtype, device=x.device
+                state.noise_keys,
+                t,
+                x.shape[1],
+                sigma=1.0,
+                dtype=x.dtype,
+                device=x.device,
+                backend=self.noise_backend,
             )
             g = g + sigma * noise
         mixed = flatten(comm.mix(state.params, t))

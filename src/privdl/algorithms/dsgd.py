@@ -25,14 +25,16 @@ from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 
 
-def gaussian_tree(keys: tuple[bytes, ...], counter: int, like: Tree, *, sigma: float) -> Tree:
+def gaussian_tree(
+    keys: tuple[bytes, ...], counter: int, like: Tree, *, sigma: float, backend: str = "auto"
+) -> Tree:
     """Per-node Gaussian noise ``N(0, sigma^2)`` shaped like ``like`` (stream row i = node i)."""
     from privdl.mechanisms.correlated import independent_noise
 
     first = next(iter(like.values()))
     size = sum(v[0].numel() for v in like.values())
     flat = independent_noise(
-        keys, counter, size, sigma=sigma, dtype=first.dtype, device=first.device
+        keys, counter, size, sigma=sigma, dtype=first.dtype, device=first.device, backend=backend
     )
     return unflatten(flat, like)
 
@@ -64,6 +66,7 @@ class DSGD:
     clip: ClipSpec = ClipSpec()
     sigma: float = 0.0
     weight_decay: float = 0.0
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         if self.sigma < 0:
@@ -86,7 +89,7 @@ class DSGD:
         update = res.grads
         if self.sigma > 0:
             keys = tuple(state.noise_keys[i] for i in comm.owned.tolist())
-            noise = gaussian_tree(keys, t, update, sigma=self.sigma)
+            noise = gaussian_tree(keys, t, update, sigma=self.sigma, backend=self.noise_backend)
             update = {k: update[k] + noise[k] for k in update}
         decay = 1.0 - eta * self.weight_decay
         half = {k: decay * state.params[k] - eta * update[k] for k in update}

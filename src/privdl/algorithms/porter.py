@@ -107,6 +107,7 @@ class Porter:
     clip: ClipSpec = ClipSpec()
     sigma_p: float = 0.0
     name: str = "porter"
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gamma <= 1.0:
@@ -158,7 +159,13 @@ class Porter:
                     f"{len(keys)} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
                 )
             g = g + independent_noise(
-                keys, state.t, g.shape[1], sigma=self.sigma_p, dtype=g.dtype, device=g.device
+                keys,
+                state.t,
+                g.shape[1],
+                sigma=self.sigma_p,
+                dtype=g.dtype,
+                device=g.device,
+                backend=self.noise_backend,
             )
         return g, res
 

@@ -264,6 +264,7 @@ class PrivSGP:
     variance_reduction: bool = True
     table_budget: int = DEFAULT_TABLE_BUDGET
     refresh_every: int | None = None
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         sig = [self.sigmas] if isinstance(self.sigmas, int | float) else list(self.sigmas)
@@ -386,6 +387,7 @@ class PrivSGP:
                 sigma=1.0,
                 dtype=x_flat.dtype,
                 device=x_flat.device,
+                backend=self.noise_backend,
             )
             g = g + sigma * noise  # line 5
         half = unflatten_like(x_flat - gamma * g, state.x)  # line 6, applied to x

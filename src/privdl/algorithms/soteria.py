@@ -64,6 +64,7 @@ class SoteriaFL:
     clip: ClipSpec = ClipSpec()
     sigma_p: float = 0.0
     name: str = "soteriafl-sgd"
+    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gamma_s <= 1.0:
@@ -99,7 +100,13 @@ class SoteriaFL:
         if self.sigma_p > 0:
             keys = [state.noise_keys[i] for i in comm.owned.tolist()]
             g = g + independent_noise(
-                keys, t, g.shape[1], sigma=self.sigma_p, dtype=g.dtype, device=g.device
+                keys,
+                t,
+                g.shape[1],
+                sigma=self.sigma_p,
+                dtype=g.dtype,
+                device=g.device,
+                backend=self.noise_backend,
             )
         gen = channel_generator(state.seed, "uplink", t, g.device)
         c_i = self.compressor(g - state.shifts, generator=gen)

@@ -39,6 +39,7 @@ _FLAGS = {
     "compressor": "compressor",
     "gamma": "gamma",
     "block_size": "block_size",
+    "noise_backend": "noise_backend",
 }
 
 
@@ -99,6 +100,11 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 )
 @click.option("--gamma", type=float, help="PORTER consensus step size gamma in (0, 1].")
 @click.option("--block-size", type=int, help="PrivSGP-VR samples per SAGA table entry.")
+@click.option(
+    "--noise-backend",
+    help="Keyed Gaussian streams: auto (aes-ziggurat on CPU, chacha20 on CUDA), aes-ziggurat, "
+    "chacha20 or torch (docs/secrets.md).",
+)
 @click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
 @click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
 @click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in DIR.")

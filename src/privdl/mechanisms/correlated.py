@@ -66,7 +66,7 @@ def correlated_noise(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     nodes: Sequence[int] | None = None,
-    backend: NormalBackend = "chacha20",
+    backend: NormalBackend = "auto",
 ) -> torch.Tensor:
     """Rows sum_{j in N_i} v_ij^(t) of N^(t) = K Z^(t) (DECOR Alg 1 line 3, Alg 4; spec s.2.3).
 
@@ -132,7 +132,7 @@ def _accumulate_signed(
     for k in range(int(slot.max()) + 1 if len(slot) else 0):
         at = np.flatnonzero(slot == k)
         term = z.index_select(0, torch.from_numpy(slot_edge[at]).to(z.device))
-        signs = torch.from_numpy(sign[at]).to(z.device).unsqueeze(1)
+        signs = torch.from_numpy(sign[at]).to(device=z.device, dtype=out.dtype).unsqueeze(1)
         if len(at) == out.shape[0]:  # every row takes part: rows == arange, no scatter needed
             out.addcmul_(signs, term)
         else:
@@ -148,7 +148,7 @@ def independent_noise(
     sigma: float,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-    backend: NormalBackend = "chacha20",
+    backend: NormalBackend = "auto",
 ) -> torch.Tensor:
     """Rows vbar_i^(t) ~ N(0, sigma^2 I) from each node's private key (Alg 1 line 3; LDP noise).
 

@@ -9,7 +9,13 @@ over processes, or on what was drawn before (no hidden generator state to checkp
 
 Backends
 --------
-``"chacha20"`` (default, interoperable, documented in docs/secrets.md, layout v2):
+``"auto"`` (default): ``"aes-ziggurat"`` when the noise is made for a CPU tensor, ``"chacha20"``
+    for a CUDA one (it has a GPU kernel). Runs record the backend they resolved; every party of a
+    run must use the same one (a distributed run shares its device type, hence its backend).
+``"aes-ziggurat"`` (interoperable, docs/secrets.md s.2.2, layout ``aes-ziggurat/v1``): AES-256-CTR
+    keystream and the 256-layer ziggurat, compiled with numba; about 3x faster than ``"chacha20"``
+    on a CPU. See :mod:`privdl.mechanisms.ziggurat`. On CUDA it is made on the CPU and copied.
+``"chacha20"`` (interoperable, documented in docs/secrets.md, layout v2):
     keystream = ChaCha20 (RFC 8439 block function) with key = the 32-byte stream key, initial block
     counter 0 and the 96-bit nonce ``counter (8 bytes LE) || substream (4 bytes LE)``. A row of
     ``size`` normals uses m pairs (m = ceil(size / 2) rounded up to even) from the first 12 m
@@ -48,10 +54,19 @@ try:  # optional: a fused ChaCha20 kernel for CUDA devices
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
-__all__ = ["KEY_BYTES", "NormalBackend", "keystream", "keystream_to_normals", "normal_streams"]
+__all__ = [
+    "BACKENDS",
+    "KEY_BYTES",
+    "NormalBackend",
+    "keystream",
+    "keystream_to_normals",
+    "normal_streams",
+    "resolve_backend",
+]
 
 KEY_BYTES = 32
-NormalBackend = Literal["chacha20", "torch"]
+NormalBackend = Literal["auto", "aes-ziggurat", "chacha20", "torch"]
+BACKENDS: tuple[str, ...] = ("auto", "aes-ziggurat", "chacha20", "torch")
 _TORCH_SEED_LABEL = b"privdl/normal-stream/torch-seed/v1"
 _MAX_COUNTER = 2**64
 _LOW52 = (1 << 52) - 1
@@ -300,6 +315,29 @@ def _torch_normals(
     return out
 
 
+def resolve_backend(backend: str, device: torch.device | str) -> str:
+    """The concrete backend ``backend`` names for noise made on ``device`` (``"auto"`` resolved)."""
+    if backend not in BACKENDS:
+        raise PrivacyError(
+            f"unknown normal-stream backend {backend!r}; use one of {', '.join(BACKENDS)}"
+        )
+    if backend != "auto":
+        return backend
+    return "chacha20" if torch.device(device).type == "cuda" else "aes-ziggurat"
+
+
+def _ziggurat_normals(
+    keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
+) -> torch.Tensor:
+    from privdl.mechanisms.ziggurat import ziggurat_rows
+
+    checked = [_check_key(key) for key in keys]
+    big = len(checked) * size * 4 >= _PARALLEL_BYTES
+    workers = min(len(checked), _MAX_WORKERS, _usable_cpus()) if big else 1
+    rows = ziggurat_rows(checked, counter, size, substream=substream, workers=workers)
+    return torch.from_numpy(rows).to(device)
+
+
 def normal_streams(
     keys: Sequence[bytes],
     counter: int,
@@ -308,13 +346,16 @@ def normal_streams(
     substream: int = 0,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-    backend: NormalBackend = "chacha20",
+    backend: NormalBackend = "auto",
 ) -> torch.Tensor:
-    """Standard-normal rows, row k a pure function of ``(keys[k], counter, substream)``.
+    """Standard-normal rows, row k a pure function of ``(keys[k], counter, substream, backend)``.
 
     DECOR Alg 1 line 3 draws v_ij^(t) fresh at every t; use the iteration t as ``counter`` and the
     agreed edge secret (or a node's private noise key) as the stream key. ``substream`` separates
-    several independent draws within one step (e.g. chunks). ``"chacha20"``: the keystream is made by OpenSSL on the CPU (threads
+    several independent draws within one step (e.g. chunks). ``"auto"`` resolves by device
+    (:func:`resolve_backend`). ``"aes-ziggurat"``: AES-256-CTR words and the ziggurat on the CPU
+    (threads for large requests), float32 values, bit-identical on every machine (layout
+    ``aes-ziggurat/v1``). ``"chacha20"``: the keystream is made by OpenSSL on the CPU (threads
     for large requests) or, on CUDA with Triton installed, by a fused kernel on the GPU (the same
     bits); Box-Muller runs on ``device`` in float32 (layout v2). CPU and CUDA results agree to a
     few float32 ulps (their libm differ) and are bit-identical on one device; the values are
@@ -327,10 +368,11 @@ def normal_streams(
     if size < 0:
         raise PrivacyError(f"size must be >= 0; got {size}")
     device = torch.device(device)
-    if backend == "chacha20":
+    backend = resolve_backend(backend, device)  # type: ignore[assignment]
+    if backend == "aes-ziggurat":
+        rows = _ziggurat_normals(keys, counter, size, substream, device)
+    elif backend == "chacha20":
         rows = _chacha20_normals(keys, counter, size, substream, device)
-    elif backend == "torch":
-        rows = _torch_normals(keys, counter, size, substream, device, dtype)
     else:
-        raise PrivacyError(f"unknown normal-stream backend {backend!r}; use 'chacha20' or 'torch'")
+        rows = _torch_normals(keys, counter, size, substream, device, dtype)
     return rows.to(dtype=dtype, device=device)
