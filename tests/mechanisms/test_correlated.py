@@ -250,3 +250,29 @@ def test_cuda_agrees_with_cpu_and_keeps_subsets_bitwise() -> None:
         keys, edges, 16, 2, 4001, sigma_cor=1.3, dtype=torch.float64, device="cuda", nodes=[9, 1]
     )
     assert torch.equal(part, gpu[[9, 1]])
+
+
+@pytest.mark.parametrize("spec", ["torus:4x4", "er:12:0.5:3", "star:9"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nodes", [None, [3, 0, 5]])
+def test_cpu_kernel_equals_the_torch_accumulation_bitwise(spec, dtype, nodes) -> None:
+    """The fused CPU kernel (numba, columns over threads) vs slot-by-slot torch ops then scale."""
+    from privdl.mechanisms import correlated as cm
+    from privdl.mechanisms.secrets import as_edge_array
+    from privdl.topology import parse_graph
+
+    topo = parse_graph(spec)
+    array = as_edge_array(topo.edges, topo.n)
+    rows = np.arange(topo.n) if nodes is None else np.asarray(nodes)
+    position = np.full(topo.n, -1)
+    position[rows] = np.arange(len(rows))
+    lower, upper = position[array[:, 0]], position[array[:, 1]]
+    needed = np.flatnonzero((lower >= 0) | (upper >= 0))
+    gen = torch.Generator().manual_seed(len(spec))
+    z = torch.randn(len(needed), 300_001 if nodes is None else 777, generator=gen, dtype=dtype)
+    expected = torch.zeros(len(rows), z.shape[1], dtype=dtype)
+    cm._accumulate_signed(expected, z, lower[needed], upper[needed])
+    expected.mul_(0.37)
+    got = torch.empty_like(expected)
+    cm._signed_sum_cpu(got, z, lower[needed], upper[needed], 0.37)
+    assert torch.equal(got, expected)

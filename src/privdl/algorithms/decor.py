@@ -107,7 +107,7 @@ class Decor:
                 nodes=None if len(owned) == self.n_nodes else owned,
                 backend=self.noise_backend,
             )
-            flat = cor if flat is None else flat + cor
+            flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
         if flat is not None:
             noise = unflatten(flat, grads)
             grads = {k: grads[k] + noise[k] for k in grads}

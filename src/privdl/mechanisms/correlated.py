@@ -13,14 +13,19 @@ Node-major layout: tensors here are (nodes, size); the paper's X is (d, n), i.e.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
 
 from privdl.errors import ConfigError, GraphError, PrivacyError
-from privdl.mechanisms.prng import NormalBackend, normal_streams
+from privdl.mechanisms.prng import NormalBackend, _usable_cpus, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
+
+_MAX_THREADS = 8
+_PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a pool
 
 __all__ = [
     "correlated_noise",
@@ -106,9 +111,74 @@ def correlated_noise(
     out = torch.zeros((len(rows), size), dtype=work, device=device)
     if len(needed) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
         z = normal_streams(keys, counter, size, dtype=work, device=device, backend=backend)  # type: ignore[arg-type]
-        _accumulate_signed(out, z, lower[needed], upper[needed])
-        out.mul_(sigma_cor)
+        if device.type == "cpu":
+            _signed_sum_cpu(out, z, lower[needed], upper[needed], sigma_cor)
+        else:
+            _accumulate_signed(out, z, lower[needed], upper[needed])
+            out.mul_(sigma_cor)
     return out.to(dtype=dtype)
+
+
+@cache
+def _signed_sum_kernel() -> Any:
+    """numba: out[r, c0:c1] = scale * (sum over row r's slots, in order, of sign * z[edge, c0:c1])."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    def kernel(z, indptr, slot_edge, slot_sign, scale, out, c0, c1):  # type: ignore[no-untyped-def]
+        block = 2048  # columns per pass: the block's z and out rows stay in cache
+        for b0 in range(c0, c1, block):
+            b1 = min(b0 + block, c1)
+            for r in range(out.shape[0]):
+                row = out[r, b0:b1]
+                row[:] = 0.0
+                for k in range(indptr[r], indptr[r + 1]):
+                    src = z[slot_edge[k], b0:b1]
+                    if slot_sign[k] > 0:
+                        for c in range(b1 - b0):
+                            row[c] = row[c] + src[c]
+                    else:
+                        for c in range(b1 - b0):
+                            row[c] = row[c] - src[c]
+                for c in range(b1 - b0):
+                    row[c] = row[c] * scale
+
+    return kernel
+
+
+def _signed_sum_cpu(
+    out: torch.Tensor, z: torch.Tensor, lower: np.ndarray, upper: np.ndarray, scale: float
+) -> None:
+    """CPU path of :func:`_accumulate_signed` followed by ``out *= scale``, in one pass.
+
+    Same operations in the same order per element (0 + s_1 z_1 + s_2 z_2 + ..., then one
+    multiply by ``scale`` in the working dtype), so rows are bit-identical whatever other rows
+    are computed; columns are split over threads (elementwise, so the split changes nothing).
+    """
+    ends = np.concatenate([lower, upper])
+    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))])
+    sign = np.concatenate([np.ones(len(lower), np.int8), -np.ones(len(upper), np.int8)])
+    keep = ends >= 0
+    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
+    order = np.lexsort((slot_edge, ends))  # by row, then by edge index
+    ends, slot_edge, sign = ends[order], slot_edge[order].astype(np.int64), sign[order]
+    indptr = np.searchsorted(ends, np.arange(out.shape[0] + 1)).astype(np.int64)
+    zn, on = z.contiguous().numpy(), out.numpy()
+    factor = on.dtype.type(scale)  # the multiply happens in the working dtype
+    kernel = _signed_sum_kernel()
+    size = on.shape[1]
+    workers = min(_MAX_THREADS, _usable_cpus()) if on.size >= _PARALLEL_ELEMENTS else 1
+    bounds = np.linspace(0, size, workers + 1).astype(np.int64)
+    if workers == 1:
+        kernel(zn, indptr, slot_edge, sign, factor, on, 0, size)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(
+            pool.map(
+                lambda j: kernel(zn, indptr, slot_edge, sign, factor, on, bounds[j], bounds[j + 1]),
+                range(workers),
+            )
+        )
 
 
 def _accumulate_signed(
