@@ -155,13 +155,7 @@ def _signed_sum_cpu(
     multiply by ``scale`` in the working dtype), so rows are bit-identical whatever other rows
     are computed; columns are split over threads (elementwise, so the split changes nothing).
     """
-    ends = np.concatenate([lower, upper])
-    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))])
-    sign = np.concatenate([np.ones(len(lower), np.int8), -np.ones(len(upper), np.int8)])
-    keep = ends >= 0
-    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
-    order = np.lexsort((slot_edge, ends))  # by row, then by edge index
-    ends, slot_edge, sign = ends[order], slot_edge[order].astype(np.int64), sign[order]
+    ends, slot_edge, sign = _row_slots(lower, upper)
     indptr = np.searchsorted(ends, np.arange(out.shape[0] + 1)).astype(np.int64)
     zn, on = z.contiguous().numpy(), out.numpy()
     factor = on.dtype.type(scale)  # the multiply happens in the working dtype
@@ -181,6 +175,20 @@ def _signed_sum_cpu(
         )
 
 
+def _row_slots(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, edge, sign) of every edge end that lands in an output row, by row then edge index.
+
+    ``lower``/``upper`` hold each edge's output row or -1; the sign is +1 at the lower endpoint.
+    """
+    ends = np.concatenate([lower, upper])
+    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))]).astype(np.int64)
+    sign = np.concatenate([np.ones(len(lower), np.int8), -np.ones(len(upper), np.int8)])
+    keep = ends >= 0
+    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
+    order = np.lexsort((slot_edge, ends))
+    return ends[order], slot_edge[order], sign[order]
+
+
 def _accumulate_signed(
     out: torch.Tensor, z: torch.Tensor, lower: np.ndarray, upper: np.ndarray
 ) -> None:
@@ -190,13 +198,7 @@ def _accumulate_signed(
     the maximum degree), not over nodes; every row sees the same sequence of additions
     whatever other rows are computed, which makes node subsets bit-identical to the full result.
     """
-    ends = np.concatenate([lower, upper])
-    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))])
-    sign = np.concatenate([np.ones(len(lower)), -np.ones(len(upper))])
-    keep = ends >= 0
-    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
-    order = np.lexsort((slot_edge, ends))  # by row, then by edge index
-    ends, slot_edge, sign = ends[order], slot_edge[order], sign[order]
+    ends, slot_edge, sign = _row_slots(lower, upper)
     starts = np.searchsorted(ends, np.arange(out.shape[0]))
     slot = np.arange(len(ends)) - starts[ends]  # position of the edge in its row's list
     for k in range(int(slot.max()) + 1 if len(slot) else 0):
