@@ -118,8 +118,29 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"delta": 2.0}, "delta"),
         ({"partition": "dirichlet:-1"}, "partition"),
         ({"clip": float("nan")}, "clip"),
+        ({"noise_backend": "philox"}, "noise_backend"),
     ],
 )
 def test_config_validation(values, msg):
     with pytest.raises(ConfigError, match=msg):
         make_config({**LS, **values})
+
+
+def test_noise_backend_is_resolved_saved_and_kept_on_resume(tmp_path):
+    """'auto' is resolved from the device once and saved; resuming a run that was started with
+    another backend keeps that backend (the streams a resumed run draws must be the same)."""
+    base = {**LS, "algorithm": "decor", "sigma": 0.5, "sigma_cor": 2.0, "steps": 20}
+    auto = train(make_config(base), tmp_path / "auto", progress=False)
+    saved = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert saved["noise_backend"] == "aes-ziggurat"  # CPU
+    chacha = train(
+        make_config({**base, "noise_backend": "chacha20"}), tmp_path / "chacha", progress=False
+    )
+    assert json.loads((tmp_path / "chacha" / "config.json").read_text())["noise_backend"] == (
+        "chacha20"
+    )
+    assert auto["final"]["optimality_gap"] != chacha["final"]["optimality_gap"]  # other streams
+    cfg = make_config({**base, "noise_backend": "chacha20"})
+    assert train(cfg, tmp_path / "part", progress=False, stop_after=7) == {"stopped_at": 7}
+    resumed = resume(tmp_path / "part", progress=False)
+    assert resumed["final"]["optimality_gap"] == chacha["final"]["optimality_gap"]

@@ -173,3 +173,27 @@ def test_normal_streams_backend_and_auto_resolution() -> None:
         resolve_backend("philox", "cpu")
     with pytest.raises(PrivacyError, match="counter"):
         zig.initial_block(-1, 0)
+
+
+@pytest.mark.slow
+def test_fine_binned_chi_square_over_forty_million_draws() -> None:
+    """4e7 draws in 2000 equiprobable bins (20,000 expected each, sd 0.7%) and the tail masses beyond
+    4, 4.5 and 5 sigma. Fails on a global misfit (chi-square), on any one bin off by more than
+    about 4% of its mass (5.5 sd; a layer width or threshold error shows up locally), or on a tail
+    sampler off by about 7% at 5 sigma."""
+    keys = [_key(f"chi{k}") for k in range(40)]
+    edges = stats.norm.ppf(np.linspace(0.0, 1.0, 2001)[1:-1])
+    counts = np.zeros(2000, dtype=np.int64)
+    beyond = {4.0: 0, 4.5: 0, 5.0: 0}
+    for start in range(0, 40, 8):
+        x = zig.ziggurat_rows(keys[start : start + 8], 1, 1_000_000, workers=2).ravel()
+        counts += np.bincount(np.searchsorted(edges, x), minlength=2000)
+        for cut in beyond:
+            beyond[cut] += int(np.count_nonzero(np.abs(x) > cut))
+    n = counts.sum()
+    assert stats.chisquare(counts).pvalue > 1e-4
+    z = (counts - n / 2000) / math.sqrt(n / 2000 * (1 - 1 / 2000))
+    assert np.abs(z).max() < 5.5, int(np.abs(z).argmax())
+    for cut, hits in beyond.items():
+        expected = n * 2 * stats.norm.sf(cut)
+        assert abs(hits - expected) < 5 * math.sqrt(expected), (cut, hits, expected)
