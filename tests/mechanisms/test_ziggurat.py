@@ -89,10 +89,15 @@ def test_shipped_tables_equal_the_recursion_and_its_area_identities() -> None:
     assert (k[2:] < 2**23).all() and k[1] == 0
 
 
-def test_keystream_words_equal_documented_counter_blocks() -> None:
-    key = _key("ctr")
-    got = zig.aes_ctr_words(key, zig.initial_block(2**40 + 3, 7), 1001)
-    np.testing.assert_array_equal(got.astype(np.int64), _ecb_words(key, 2**40 + 3, 7, 1001))
+@pytest.mark.parametrize("n_words", [1, 5, 1001, 4096, 4097, 10_001])
+def test_keystream_words_equal_documented_counter_blocks(n_words: int) -> None:
+    """Both code paths (cached ECB of counter blocks for short rows, CTR for long ones) against
+    OpenSSL's CTR mode and a block-by-block ECB rendering of the documented counter blocks."""
+    key, block = _key("ctr"), zig.initial_block(2**40 + 3, 7)
+    got = zig.aes_ctr_words(key, block, n_words)
+    ctr = Cipher(algorithms.AES(key), modes.CTR(block)).encryptor().update(bytes(4 * n_words))
+    np.testing.assert_array_equal(got, np.frombuffer(ctr, dtype="<u4"))
+    np.testing.assert_array_equal(got.astype(np.int64), _ecb_words(key, 2**40 + 3, 7, n_words))
 
 
 @pytest.mark.parametrize("size", [1, 2, 17, 30_000])

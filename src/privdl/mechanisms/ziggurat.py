@@ -32,8 +32,9 @@ differ by an ulp there can take different branches, with probability below 1e-15
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -113,6 +114,9 @@ def aes_ctr_words(
     """
     if n_words > _MAX_BLOCKS * 4:
         raise PrivacyError(f"a stream holds at most 2^34 words; asked for {n_words}")
+    if n_words <= _SMALL_WORDS:  # short rows: AES key setup would dominate, reuse it
+        raw = _ecb_encryptor(key).update(_counter_blocks(block, -(-n_words // 4)))
+        return np.frombuffer(raw, dtype="<u4")[:n_words].copy()
     if out is None or out.shape[0] < n_words + 4:
         out = np.empty(n_words + 4, dtype="<u4")  # update_into wants a block of headroom
     if zeros is None or len(zeros) != 4 * n_words:
@@ -120,6 +124,33 @@ def aes_ctr_words(
     encryptor = Cipher(algorithms.AES(key), modes.CTR(block)).encryptor()
     encryptor.update_into(zeros, memoryview(out).cast("B"))
     return out[:n_words]
+
+
+_SMALL_WORDS = 4096  # up to here the keystream is AES-ECB of explicit counter blocks
+_MAX_CACHED_KEYS = 4096
+_local = threading.local()
+
+
+def _ecb_encryptor(key: bytes) -> Any:
+    """A per-thread, per-key AES-256-ECB encryptor (ECB has no state between calls)."""
+    cache = getattr(_local, "ecb", None)
+    if cache is None:
+        cache = _local.ecb = {}
+    encryptor = cache.get(key)
+    if encryptor is None:
+        if len(cache) >= _MAX_CACHED_KEYS:
+            cache.clear()
+        encryptor = cache[key] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return encryptor
+
+
+@lru_cache(maxsize=64)  # every stream of one call shares the nonce: built once per call
+def _counter_blocks(block: bytes, n_blocks: int) -> bytes:
+    """CTR's counter blocks 0..n_blocks-1: the 12-byte nonce of ``block``, then j (4 bytes BE)."""
+    blocks = np.empty((n_blocks, 16), dtype=np.uint8)
+    blocks[:, :12] = np.frombuffer(block[:12], dtype=np.uint8)
+    blocks[:, 12:] = np.arange(n_blocks, dtype=">u4").view(np.uint8).reshape(n_blocks, 4)
+    return blocks.tobytes()
 
 
 @cache
