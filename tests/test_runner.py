@@ -144,3 +144,18 @@ def test_noise_backend_is_resolved_saved_and_kept_on_resume(tmp_path):
     assert train(cfg, tmp_path / "part", progress=False, stop_after=7) == {"stopped_at": 7}
     resumed = resume(tmp_path / "part", progress=False)
     assert resumed["final"]["optimality_gap"] == chacha["final"]["optimality_gap"]
+
+
+def test_a_run_saved_before_noise_backend_existed_resumes_with_chacha20(tmp_path):
+    """Runs written before the field existed drew ChaCha20 streams; resuming one must too."""
+    cfg = make_config(
+        {**LS, "algorithm": "ldp", "sigma": 0.5, "steps": 20, "noise_backend": "chacha20"}
+    )
+    full = train(cfg, tmp_path / "full", progress=False)
+    assert train(cfg, tmp_path / "old", progress=False, stop_after=9) == {"stopped_at": 9}
+    path = tmp_path / "old" / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["noise_backend"]  # what a run written by an earlier privdl looks like
+    path.write_text(json.dumps(saved))
+    resumed = resume(tmp_path / "old", progress=False)
+    assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]

@@ -105,7 +105,10 @@ class RunRecords:
         p = self.dir / "config.json"
         if not p.is_file():
             raise PrivdlError(f"{self.dir} is not a privdl run directory (no config.json)")
-        return json.loads(p.read_text())
+        values = json.loads(p.read_text())
+        # runs saved before the field existed drew ChaCha20 streams: resume them with those
+        values.setdefault("noise_backend", "chacha20")
+        return values
 
     def append(self, row: dict[str, Any]) -> None:
         """Append one metrics row (one line of JSON) and flush it to disk."""
