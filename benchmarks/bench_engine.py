@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from privdl.algorithms.base import in_background
 from privdl.engine import ClipSpec, node_gradients
 from privdl.mechanisms import independent_noise, node_noise_keys
 from privdl.mechanisms.prng import resolve_backend
@@ -175,15 +176,20 @@ def main() -> None:
     counter = itertools.count()
 
     def library_private_step(backend: str) -> Callable[[], None]:
-        """As ``private_step``, with privdl's per-node keyed noise streams (what DSGD/LDP runs)."""
+        """As ``private_step``, with privdl's per-node keyed noise streams, drawn in the background
+        while the gradients are computed (what DSGD/LDP runs)."""
 
         def step() -> None:
+            t = next(counter)
+            pending = in_background(  # as DSGD does: the noise is drawn while the grads run
+                lambda: independent_noise(
+                    node_keys, t, sum(per_node), sigma=noise_scale, device=device, backend=backend
+                ),
+                device=device,
+            )
             r = node_gradients(model, params, x, y, loss="cross_entropy", clip=private_clip)
             grads = [r.grads[k] for k in keys]
-            flat = independent_noise(
-                node_keys, next(counter), sum(per_node), sigma=noise_scale, device=device,
-                backend=backend,
-            )  # fmt: skip
+            flat = pending()
             noise = [
                 z.reshape(p.shape) for z, p in zip(flat.split(per_node, 1), plist, strict=True)
             ]

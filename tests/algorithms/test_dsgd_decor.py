@@ -125,3 +125,51 @@ def test_decor_noise_is_fresh_every_step():
     assert not torch.allclose(moves[0], moves[1]) and not torch.allclose(moves[1], moves[2])
     c = np.corrcoef(moves[0].ravel().numpy(), moves[1].ravel().numpy())[0, 1]
     assert abs(c) < 0.9
+
+
+def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
+    """DECOR and LDP draw their noise in a worker thread while the gradients run; forcing the
+    draws inline must give the same iterates bit for bit (no shared state between the two)."""
+    import privdl.algorithms.decor as decor_mod
+    import privdl.algorithms.dsgd as dsgd_mod
+
+    topo, comm = _comm("torus:3x3")
+    task = LeastSquaresTask(topo.n, dim=6, seed=2, dtype=torch.float64)
+    clip = ClipSpec(mode="batch_mean", threshold=1.0)
+    algos = [
+        DSGD(StepSize(0.05), clip=clip, sigma=0.3),
+        Decor(
+            StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.2,
+            sigma_cor=0.9,
+        ),
+    ]  # fmt: skip
+    background = [
+        _run(a, a.init(task.init_params(seed=0), seed=4), task.oracle, comm, 15) for a in algos
+    ]
+
+    def inline(fn, *, device):
+        value = fn()
+        return lambda: value
+
+    monkeypatch.setattr(decor_mod, "in_background", inline)
+    monkeypatch.setattr(dsgd_mod, "in_background", inline)
+    for algo, state in zip(algos, background, strict=True):
+        again = _run(algo, algo.init(task.init_params(seed=0), seed=4), task.oracle, comm, 15)
+        assert torch.equal(again.params["x"], state.params["x"])
+
+
+def test_in_background_returns_the_value_and_reraises():
+    from privdl.algorithms.base import in_background
+    from privdl.errors import ConfigError
+
+    assert in_background(lambda: 41 + 1, device=torch.device("cpu"))() == 42
+
+    def boom():
+        raise ConfigError("bad draw")
+
+    get = in_background(boom, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="bad draw"):
+        get()
+    calls = []
+    get = in_background(lambda: calls.append(1) or 7, device=torch.device("meta"))
+    assert calls == [1] and get() == 7  # not a CPU: run inline, at once

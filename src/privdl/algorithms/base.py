@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
 from privdl.comm.base import Tree
 from privdl.errors import ConfigError
+
+T = TypeVar("T")
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def in_background(fn: Callable[[], T], *, device: torch.device) -> Callable[[], T]:
+    """Start ``fn()`` now; return a getter for its result (exceptions re-raised there).
+
+    For the noise of a step, which depends only on the stream keys and t, not on the gradients:
+    on a CPU it is drawn in a worker thread while the caller computes the gradients, so the step
+    costs about max(noise, gradients) instead of their sum; the values are the same as an inline
+    call. On other devices ``fn`` runs inline (their kernels are asynchronous already).
+    """
+    global _POOL
+    if torch.device(device).type != "cpu":
+        value = fn()
+        return lambda: value
+    if _POOL is None or _POOL[0] != os.getpid():  # one worker per process (forks start afresh)
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="privdl-noise"))
+    return _POOL[1].submit(fn).result
 
 
 @dataclass(frozen=True)

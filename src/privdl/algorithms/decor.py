@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from privdl.algorithms.base import StepSize
+import torch
+
+from privdl.algorithms.base import StepSize, in_background
 from privdl.algorithms.dsgd import unflatten
 from privdl.comm.base import Communicator, Tree
 from privdl.engine.grads import ClipSpec
@@ -77,37 +79,43 @@ class Decor:
 
         t = state.t
         eta = self.step_size(t)
-        res = oracle(state.params, t, clip=self.clip)
-        grads = res.grads
-        first = next(iter(grads.values()))
-        size = sum(v[0].numel() for v in grads.values())
+        first = next(iter(state.params.values()))
+        size = sum(v[0].numel() for v in state.params.values())
         owned = comm.owned.tolist()
-        flat = None
-        if self.sigma_cdp > 0:
-            keys = [state.noise_keys[i] for i in owned]
-            flat = independent_noise(
-                keys,
-                t,
-                size,
-                sigma=self.sigma_cdp,
-                dtype=first.dtype,
-                device=first.device,
-                backend=self.noise_backend,
-            )
-        if self.sigma_cor > 0:
-            cor = correlated_noise(
-                state.edge_keys,
-                self.edges,
-                self.n_nodes,
-                t,
-                size,
-                sigma_cor=self.sigma_cor,
-                dtype=first.dtype,
-                device=first.device,
-                nodes=None if len(owned) == self.n_nodes else owned,
-                backend=self.noise_backend,
-            )
-            flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
+
+        def draw() -> torch.Tensor | None:  # line 3: depends on the keys and t, not on g_i
+            flat = None
+            if self.sigma_cdp > 0:
+                keys = [state.noise_keys[i] for i in owned]
+                flat = independent_noise(
+                    keys,
+                    t,
+                    size,
+                    sigma=self.sigma_cdp,
+                    dtype=first.dtype,
+                    device=first.device,
+                    backend=self.noise_backend,
+                )
+            if self.sigma_cor > 0:
+                cor = correlated_noise(
+                    state.edge_keys,
+                    self.edges,
+                    self.n_nodes,
+                    t,
+                    size,
+                    sigma_cor=self.sigma_cor,
+                    dtype=first.dtype,
+                    device=first.device,
+                    nodes=None if len(owned) == self.n_nodes else owned,
+                    backend=self.noise_backend,
+                )
+                flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
+            return flat
+
+        pending = in_background(draw, device=first.device)  # drawn while line 2 runs
+        res = oracle(state.params, t, clip=self.clip)  # line 2
+        grads = res.grads
+        flat = pending()
         if flat is not None:
             noise = unflatten(flat, grads)
             grads = {k: grads[k] + noise[k] for k in grads}

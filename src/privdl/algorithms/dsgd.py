@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import StepSize, in_background
 from privdl.comm.base import Communicator, Tree
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
@@ -85,11 +85,18 @@ class DSGD:
         """One iteration; ``oracle(params, t, clip=...)`` returns the engine's ``GradResult``."""
         t = state.t
         eta = self.step_size(t)
+        pending = None
+        if self.sigma > 0:  # the noise does not depend on the gradients: draw it meanwhile
+            keys = tuple(state.noise_keys[i] for i in comm.owned.tolist())
+            like = state.params
+            pending = in_background(
+                lambda: gaussian_tree(keys, t, like, sigma=self.sigma, backend=self.noise_backend),
+                device=next(iter(like.values())).device,
+            )
         res = oracle(state.params, t, clip=self.clip)
         update = res.grads
-        if self.sigma > 0:
-            keys = tuple(state.noise_keys[i] for i in comm.owned.tolist())
-            noise = gaussian_tree(keys, t, update, sigma=self.sigma, backend=self.noise_backend)
+        if pending is not None:
+            noise = pending()
             update = {k: update[k] + noise[k] for k in update}
         decay = 1.0 - eta * self.weight_decay
         half = {k: decay * state.params[k] - eta * update[k] for k in update}
