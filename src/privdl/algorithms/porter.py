@@ -42,7 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import StepSize, in_background
 from privdl.algorithms.dsgd import unflatten
 from privdl.comm.base import Communicator, Tree
 from privdl.engine.grads import ClipSpec
@@ -150,23 +150,34 @@ class Porter:
         """``G_p^t`` at ``X^{t-1}``: the oracle's clipped gradients plus agent-keyed noise (7)."""
         from privdl.mechanisms.correlated import independent_noise
 
+        pending = None
+        if self.sigma_p > 0:  # (7)'s noise needs only the keys and t: drawn while the oracle runs
+            keys = list(state.noise_keys)  # one per held row (init derives them for ``nodes``)
+            rows, size = state.v.shape
+            if len(keys) != rows:
+                raise ConfigError(
+                    f"{len(keys)} noise keys for {rows} agents: init with nodes=comm.owned"
+                )
+            pending = in_background(
+                lambda: independent_noise(
+                    keys,
+                    state.t,
+                    size,
+                    sigma=self.sigma_p,
+                    dtype=state.v.dtype,
+                    device=state.v.device,
+                    backend=self.noise_backend,
+                ),
+                device=state.v.device,
+            )
         res = oracle(state.params, state.t, clip=self.clip)
         g = flatten_tree(res.grads).to(state.v.dtype)
-        if self.sigma_p > 0:
-            keys = list(state.noise_keys)  # one per held row (init derives them for ``nodes``)
-            if len(keys) != g.shape[0]:
+        if pending is not None:
+            if g.shape[0] != rows:
                 raise ConfigError(
-                    f"{len(keys)} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
+                    f"{rows} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
                 )
-            g = g + independent_noise(
-                keys,
-                state.t,
-                g.shape[1],
-                sigma=self.sigma_p,
-                dtype=g.dtype,
-                device=g.device,
-                backend=self.noise_backend,
-            )
+            g = g + pending()
         return g, res
 
     def step(self, state: PorterState, oracle, comm: Communicator) -> tuple[PorterState, dict]:

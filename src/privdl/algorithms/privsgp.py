@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import StepSize, in_background
 from privdl.comm.base import Communicator, Tree
 from privdl.errors import ConfigError, PrivacyError
 
@@ -362,6 +362,21 @@ class PrivSGP:
             held = torch.as_tensor(state.nodes, dtype=torch.long)
             xi = _sample_index(state.seed, t, n_total, j, torch.device("cpu"))[held]
             xi = xi.to(x_flat.device)
+        sigma = self._sigma(n_total, x_flat, state.nodes)
+        pending = None
+        if bool((sigma > 0).any()):  # line 5's noise needs only the keys and t: draw it meanwhile
+            pending = in_background(
+                lambda: independent_noise(
+                    state.noise_keys,
+                    t,
+                    x_flat.shape[1],
+                    sigma=1.0,
+                    dtype=x_flat.dtype,
+                    device=x_flat.device,
+                    backend=self.noise_backend,
+                ),
+                device=x_flat.device,
+            )
         entry, loss = oracle.entries(z, xi)  # line 2: h at z
         h = oracle.expand(entry, xi).to(x_flat.dtype)
         table, mean = state.table, state.table_mean
@@ -378,18 +393,8 @@ class PrivSGP:
                 mean = mean + ((h - old) / j).to(mean.dtype)
         else:
             g = h
-        sigma = self._sigma(n_total, x_flat, state.nodes)
-        if bool((sigma > 0).any()):
-            noise = independent_noise(
-                state.noise_keys,
-                t,
-                x_flat.shape[1],
-                sigma=1.0,
-                dtype=x_flat.dtype,
-                device=x_flat.device,
-                backend=self.noise_backend,
-            )
-            g = g + sigma * noise  # line 5
+        if pending is not None:
+            g = g + sigma * pending()  # line 5
         half = unflatten_like(x_flat - gamma * g, state.x)  # line 6, applied to x
         x_new, w_new = comm.push_sum(half, state.w, t)  # lines 7-8
         new = replace(state, x=x_new, w=w_new, t=t + 1, table=table, table_mean=mean)
