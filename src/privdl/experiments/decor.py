@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
 
 COLOURS = {"cdp": "purple", "decor": "green", "ldp": "orange"}
 MARKERS = {"cdp": "D", "decor": "o", "ldp": "^"}
@@ -144,12 +144,20 @@ def _ls_metric(task, params) -> dict[str, float]:
     return {"gap": ev["optimality_gap"], "loss_gap": ev["loss_gap"]}
 
 
-def run_fig1a(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+def run_fig1a(
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None = None,
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Fig 1a (spec s.6.2): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
     from privdl.accounting import account_decor
     from privdl.topology import parse_graph
 
-    p = _preset("decor-fig1a", quick)
+    p = apply_overrides(
+        _preset("decor-fig1a", quick), overrides, name="decor-fig1a"
+    )  # --set KEY=VALUE
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     grid = load_preset("decor-fig1a")["epsilons"]
@@ -436,11 +444,19 @@ def _decor_grid_pair(graph, *, eps, steps, delta, clip, n, points, cor_max_facto
     )
 
 
-def run_fig1b(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+def run_fig1b(
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None = None,
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Fig 1b (spec s.6.3): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
     from privdl.topology import parse_graph
 
-    p = _preset("decor-fig1b", quick)
+    p = apply_overrides(
+        _preset("decor-fig1b", quick), overrides, name="decor-fig1b"
+    )  # --set KEY=VALUE
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = dict(
