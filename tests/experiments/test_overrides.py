@@ -27,3 +27,15 @@ def test_values_take_the_type_of_what_they_replace() -> None:
 def test_bad_overrides_are_one_line_errors(overrides, message) -> None:
     with pytest.raises(ConfigError, match=message):
         apply_overrides(PRESET, overrides, name="p")
+
+
+@pytest.mark.parametrize("name", ["decor-fig1a", "decor-fig1b"])
+def test_decor_fig1a_fig1b_take_overrides_and_refuse_unknown_keys(tmp_path, name) -> None:
+    """The reproductions pass ``--set`` through the parser before any run starts."""
+    from privdl.experiments import get
+
+    run = get(name).run
+    with pytest.raises(ConfigError, match=f"unknown setting 'bogus' for {name}"):
+        run(tmp_path / name, quick=True, overrides={"bogus": "1"})
+    with pytest.raises(ConfigError, match="expected a int"):
+        run(tmp_path / name, quick=True, overrides={"steps": "many"})
