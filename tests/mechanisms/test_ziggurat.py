@@ -202,3 +202,24 @@ def test_fine_binned_chi_square_over_forty_million_draws() -> None:
     for cut, hits in beyond.items():
         expected = n * 2 * stats.norm.sf(cut)
         assert abs(hits - expected) < 5 * math.sqrt(expected), (cut, hits, expected)
+
+
+def test_jit_falls_back_to_an_in_memory_build_where_numba_cannot_cache() -> None:
+    """A function numba cannot locate a cache for (here: source from exec, as a read-only install
+    without a home directory would be) is still compiled, without the disk cache."""
+    import numba
+
+    namespace: dict = {}
+    exec("def twice(x):\n    return 2 * x\n", namespace)  # no source file: no cache locator
+    with pytest.raises(RuntimeError, match="cannot cache"):
+        numba.njit(cache=True)(namespace["twice"])
+    assert zig.jit(namespace["twice"])(21) == 42
+
+
+def test_without_numba_auto_is_chacha20_and_aes_ziggurat_is_a_clear_error(monkeypatch) -> None:
+    from privdl.mechanisms import prng
+
+    monkeypatch.setattr(prng, "_have_numba", lambda: False)
+    assert resolve_backend("auto", "cpu") == "chacha20"
+    with pytest.raises(PrivacyError, match="needs numba"):
+        resolve_backend("aes-ziggurat", "cpu")

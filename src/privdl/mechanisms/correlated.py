@@ -122,9 +122,9 @@ def correlated_noise(
 @cache
 def _signed_sum_kernel() -> Any:
     """numba: out[r, c0:c1] = scale * (sum over row r's slots, in order, of sign * z[edge, c0:c1])."""
-    import numba
+    from privdl.mechanisms.ziggurat import jit
 
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    @jit
     def kernel(z, indptr, slot_edge, slot_sign, scale, out, c0, c1):  # type: ignore[no-untyped-def]
         block = 2048  # columns per pass: the block's z and out rows stay in cache
         for b0 in range(c0, c1, block):

@@ -34,6 +34,7 @@ Backends
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -321,9 +322,20 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
         raise PrivacyError(
             f"unknown normal-stream backend {backend!r}; use one of {', '.join(BACKENDS)}"
         )
+    if backend == "aes-ziggurat" and not _have_numba():
+        raise PrivacyError("the aes-ziggurat noise backend needs numba (pip install numba)")
     if backend != "auto":
         return backend
-    return "chacha20" if torch.device(device).type == "cuda" else "aes-ziggurat"
+    if torch.device(device).type == "cuda" or not _have_numba():
+        return "chacha20"  # its Triton kernel on CUDA; the portable layout where numba is missing
+    return "aes-ziggurat"
+
+
+@functools.cache
+def _have_numba() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
 
 
 def _ziggurat_normals(

@@ -153,12 +153,24 @@ def _counter_blocks(block: bytes, n_blocks: int) -> bytes:
     return blocks.tobytes()
 
 
+def jit(fn: Any) -> Any:
+    """``numba.njit(nogil=True, boundscheck=False)``, cached on disk where numba finds a writable
+    cache directory; where it finds none (a read-only install without a home directory) numba
+    refuses ``cache=True`` outright, and the kernel is compiled in memory on every start instead.
+    """
+    import numba
+
+    try:
+        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
+
+
 @cache
 def _kernel() -> Any:
     """The compiled row filler (numba, compiled once and cached on disk)."""
-    import numba
 
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    @jit
     def fill(words, out, k_tab, w_tab, f_tab, r):  # type: ignore[no-untyped-def]
         n = out.shape[0]
         nw = words.shape[0]
