@@ -153,16 +153,11 @@ class Porter:
         pending = None
         if self.sigma_p > 0:  # (7)'s noise needs only the keys and t: drawn while the oracle runs
             keys = list(state.noise_keys)  # one per held row (init derives them for ``nodes``)
-            rows, size = state.v.shape
-            if len(keys) != rows:
-                raise ConfigError(
-                    f"{len(keys)} noise keys for {rows} agents: init with nodes=comm.owned"
-                )
             pending = in_background(
                 lambda: independent_noise(
                     keys,
                     state.t,
-                    size,
+                    state.v.shape[1],
                     sigma=self.sigma_p,
                     dtype=state.v.dtype,
                     device=state.v.device,
@@ -173,9 +168,9 @@ class Porter:
         res = oracle(state.params, state.t, clip=self.clip)
         g = flatten_tree(res.grads).to(state.v.dtype)
         if pending is not None:
-            if g.shape[0] != rows:
+            if len(keys) != g.shape[0]:
                 raise ConfigError(
-                    f"{rows} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
+                    f"{len(keys)} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
                 )
             g = g + pending()
         return g, res

@@ -34,11 +34,12 @@ CAPTION = "(eps, 1e-5)-SecLDP against an external eavesdropper"
 # --- shared pieces ------------------------------------------------------------------------------
 
 
-def _preset(name: str, quick: bool) -> dict[str, Any]:
+def _preset(name: str, quick: bool, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The preset's values, its ``[quick]`` table over them when ``quick``, then ``--set`` ones."""
     p = load_preset(name)
     if quick:
         p.update(p.get("quick", {}))
-    return p
+    return apply_overrides(p, overrides, name=name)
 
 
 def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[str, Any]:
@@ -155,9 +156,7 @@ def run_fig1a(
     from privdl.accounting import account_decor
     from privdl.topology import parse_graph
 
-    p = apply_overrides(
-        _preset("decor-fig1a", quick), overrides, name="decor-fig1a"
-    )  # --set KEY=VALUE
+    p = _preset("decor-fig1a", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     grid = load_preset("decor-fig1a")["epsilons"]
@@ -454,9 +453,7 @@ def run_fig1b(
     """Fig 1b (spec s.6.3): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
     from privdl.topology import parse_graph
 
-    p = apply_overrides(
-        _preset("decor-fig1b", quick), overrides, name="decor-fig1b"
-    )  # --set KEY=VALUE
+    p = _preset("decor-fig1b", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = dict(

@@ -248,8 +248,7 @@ def ziggurat_rows(
     block = initial_block(counter, substream)
     out = np.empty((len(keys), size), dtype=np.float32)
     first = _row_words(size) if _words is None else _words
-    zeros = bytes(4 * first)
-    fill_rows(np.zeros(1, dtype=np.uint32), np.empty(0, dtype=np.float32))  # compile first
+    zeros = bytes(4 * first) if first > _SMALL_WORDS else None  # CTR input; short rows use ECB
 
     def run(start: int, step: int) -> None:
         buffer = np.empty(first + 4, dtype="<u4")
@@ -264,6 +263,7 @@ def ziggurat_rows(
     if workers == 1:
         run(0, 1)
     else:
+        fill_rows(np.zeros(1, dtype=np.uint32), np.empty(0, dtype=np.float32))  # compile, once
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(lambda j: run(j, workers), range(workers)))
     return out
