@@ -36,6 +36,7 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.allocator import tune_allocator
 from privdl.mechanisms.correlated import correlated_noise, independent_noise
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
@@ -199,7 +200,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--graphs", default="torus:4x4,ring:16")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument(
+        "--no-tune-malloc",
+        action="store_true",
+        help="leave glibc malloc as it is (privdl commands tune it: privdl.engine.allocator)",
+    )
     args = ap.parse_args()
+    malloc_tuned = False if args.no_tune_malloc else tune_allocator()
     global DEVICE
     DEVICE = torch.device(args.device)
     if args.threads:
@@ -211,6 +218,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "malloc_tuned": malloc_tuned,
     }
     for spec in args.graphs.split(","):
         res[spec] = bench_topology(

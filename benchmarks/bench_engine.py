@@ -30,6 +30,7 @@ from torch import nn
 
 from privdl.algorithms.base import in_background
 from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.allocator import tune_allocator
 from privdl.mechanisms import independent_noise, node_noise_keys
 from privdl.mechanisms.prng import resolve_backend
 from privdl.models import build_model
@@ -98,7 +99,13 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="also check vectorized == loop (fp64)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler tables")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument(
+        "--no-tune-malloc",
+        action="store_true",
+        help="leave glibc malloc as it is (privdl commands tune it: privdl.engine.allocator)",
+    )
     args = ap.parse_args()
+    malloc_tuned = False if args.no_tune_malloc else tune_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -115,6 +122,7 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "malloc_tuned": malloc_tuned,
     }
 
     if args.check:

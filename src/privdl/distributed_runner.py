@@ -386,4 +386,7 @@ def worker_main(job: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
+    from privdl.engine.allocator import tune_allocator
+
+    tune_allocator()  # as the privdl command does
     sys.exit(worker_main(json.loads(os.environ[SPEC_ENV])))

@@ -13,6 +13,7 @@ import sys
 import click
 
 from privdl import __version__
+from privdl.engine.allocator import tune_allocator
 from privdl.errors import PrivdlError
 
 #: (module, attribute) pairs of the click commands attached to the main group.
@@ -57,6 +58,7 @@ _attach()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
+    tune_allocator()  # step-sized tensors are reused, not faulted in anew every step
     args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args
     if debug:  # accepted anywhere on the line, not only before the sub-command
