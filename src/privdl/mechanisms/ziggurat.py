@@ -167,27 +167,47 @@ def jit(fn: Any) -> Any:
 
 
 @cache
+def _signed_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(K2, WS, F)``: K and W extended to 512 entries indexed by ``w & 511`` (layer and sign bit),
+    with ``WS = [W, -W]``: ``float32(a) * -W[i]`` is exactly ``-(float32(a) * W[i])`` (IEEE
+    rounding is symmetric), so the rectangle path needs no separate sign step."""
+    k_tab, w_tab, f_tab = tables()
+    k2 = np.ascontiguousarray(np.concatenate([k_tab, k_tab]), dtype=np.int32)
+    ws = np.ascontiguousarray(np.concatenate([w_tab, -w_tab]), dtype=np.float32)
+    return k2, ws, f_tab
+
+
+@cache
 def _kernel() -> Any:
     """The compiled row filler (numba, compiled once and cached on disk)."""
 
     @jit
-    def fill(words, out, k_tab, w_tab, f_tab, r):  # type: ignore[no-untyped-def]
+    def fill(words, out, k2, ws, f_tab, r):  # type: ignore[no-untyped-def]
         n = out.shape[0]
         nw = words.shape[0]
         p = 0
         i = 0
         while i < n:
-            if p >= nw:
+            m = min(n - i, nw - p)
+            if m <= 0:
                 return False
-            word = np.int64(words[p])
+            j = 0
+            while j < m:  # a run of rectangle draws (98.9%): one compare, one multiply each
+                word = np.int64(words[p + j])
+                index = word & 511  # layer and sign bit: ws holds +-W
+                a = np.int32(word >> 9)
+                if a >= k2[index]:
+                    break
+                out[i + j] = np.float32(a) * ws[index]
+                j += 1
+            i += j
+            p += j
+            if j == m:
+                continue
+            word = np.int64(words[p])  # the run stopped at a word outside its rectangle
             p += 1
             layer = word & 255
-            a = np.int32(word >> 9)
-            x = np.float32(a) * w_tab[layer]
-            if a < k_tab[layer]:  # inside the layer's rectangle: no branch on the sign bit
-                out[i] = x * np.float32(1 - ((word >> 7) & 2))
-                i += 1
-                continue
+            sign = np.float32(1 - ((word >> 7) & 2))
             if layer == 0:  # the tail beyond r
                 while True:
                     if p + 4 > nw:
@@ -199,16 +219,17 @@ def _kernel() -> Any:
                     y = -math.log((u2 + 0.5) * 2.0**-53)
                     if y + y >= e * e:
                         break
-                out[i] = np.float32(r + e) * np.float32(1 - ((word >> 7) & 2))
+                out[i] = np.float32(r + e) * sign
                 i += 1
                 continue
             if p >= nw:
                 return False
+            x = np.float32(np.int32(word >> 9)) * ws[layer]  # the wedge
             u = (np.float64(words[p]) + 0.5) * 2.0**-32
             p += 1
             xd = np.float64(x)
             if f_tab[layer] + u * (f_tab[layer - 1] - f_tab[layer]) < math.exp(-0.5 * xd * xd):
-                out[i] = x * np.float32(1 - ((word >> 7) & 2))
+                out[i] = x * sign
                 i += 1
         return True
 
@@ -217,8 +238,8 @@ def _kernel() -> Any:
 
 def fill_rows(words: np.ndarray, out: np.ndarray) -> bool:
     """Ziggurat normals from ``words`` (uint32) into ``out`` (float32); False if words ran out."""
-    k_tab, w_tab, f_tab = tables()
-    return bool(_kernel()(words, out, k_tab, w_tab, f_tab, R))
+    k2, ws, f_tab = _signed_tables()
+    return bool(_kernel()(words, out, k2, ws, f_tab, R))
 
 
 def _row_words(size: int) -> int:
