@@ -434,3 +434,27 @@ def test_evaluate_cnn_equals_torch_modules():
         out = torch_reference(m, p, i)(x)
         torch.testing.assert_close(loss[i], F.cross_entropy(out, y), rtol=1e-12, atol=1e-12)
         assert acc[i].item() == pytest.approx((out.argmax(1) == y).double().mean().item())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 5),
+    c=st.integers(1, 4),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    k=st.integers(1, 5),
+    padding=st.integers(0, 3),
+    stride=st.integers(1, 3),
+    transposed=st.booleans(),
+)
+def test_strided_unfold_equals_torch_unfold(b, c, h, w, k, padding, stride, transposed):
+    """The ghost path's patches: a strided copy, bit-identical to F.unfold (torch's im2col)."""
+    from privdl.engine.ghost import unfold
+
+    if h + 2 * padding < k or w + 2 * padding < k:
+        return
+    gen = torch.Generator().manual_seed(b * 1000 + c * 100 + h * 10 + w)
+    x = torch.randn(b, c, w, h, generator=gen).transpose(2, 3) if transposed else None
+    x = x if x is not None else torch.randn(b, c, h, w, generator=gen)
+    expected = torch.nn.functional.unfold(x, k, padding=padding, stride=stride)
+    assert torch.equal(unfold(x, k, padding=padding, stride=stride), expected)

@@ -35,6 +35,26 @@ _SAMPLEWISE = (Linear, Conv2d, Activation, MaxPool2d, Flatten)
 ConvMode = Literal["auto", "direct", "ghost"]
 
 
+def unfold(x: Tensor, kernel_size: int, *, padding: int, stride: int) -> Tensor:
+    """``F.unfold(x, kernel_size, padding=padding, stride=stride)`` for ``x (B, C, H, W)``: the
+    patches ``(B, C k^2, L)`` as one strided copy of the zero-padded input.
+
+    Same values bit for bit (a copy), but torch's CPU ``im2col`` is 10-80x slower at the batch
+    sizes of per-sample clipping: 11 s against 0.85 s for the Robust-HDP CNN's second layer
+    (2560 x 16 x 14 x 14, k = 5) on 2 cores.
+    """
+    b, c, h, w = x.shape
+    xp = F.pad(x, (padding,) * 4) if padding else x.contiguous()
+    out_h = (h + 2 * padding - kernel_size) // stride + 1
+    out_w = (w + 2 * padding - kernel_size) // stride + 1
+    s0, s1, s2, s3 = xp.stride()
+    patches = xp.as_strided(
+        (b, c, kernel_size, kernel_size, out_h, out_w),
+        (s0, s1, s2, s3, s2 * stride, s3 * stride),
+    )
+    return patches.reshape(b, c * kernel_size * kernel_size, out_h * out_w)
+
+
 def supports_ghost(model: StackedModel) -> bool:
     """True when every layer acts on each sample separately and is one we can ghost-clip."""
     return isinstance(model, SequentialModel) and all(
@@ -91,7 +111,7 @@ def ghost_clipped_sum(
             cache.append((lname, layer, inp, g, None))
         else:
             assert isinstance(layer, Conv2d)
-            u = F.unfold(
+            u = unfold(
                 inp.reshape(n * b, *inp.shape[2:]),
                 layer.kernel_size,
                 padding=layer.padding,
