@@ -1,0 +1,141 @@
+"""Per-sample clipping of the Robust-HDP MNIST CNN (specs/robust-hdp.md s.5; issue 7's local step).
+
+20 clients, batch 128 each (the largest of the paper's batch sizes), CNN conv 1->16 k5, pool,
+conv 16->32 k5, pool, fc 1568->10 (p = 28,938), per-example clipping at c = 3. Timed (median
+seconds per local step after one warm-up):
+
+* ``ghost``: ``node_gradients(clip=per_sample)``, the ghost path (conv patches as one strided
+  copy of the padded input, ``privdl.engine.ghost.unfold``);
+* ``ghost_torch_unfold``: the same path with torch's ``F.unfold`` for the patches (the reference
+  measured in the same run; bit-identical results);
+* ``vmap``: ``node_gradients(method="vmap")`` (torch.func per-sample gradients);
+* ``nonprivate``: ``node_gradients`` without clipping (autograd through the grouped convolution);
+* ``loop``: one ``nn.Sequential`` per client and a Python loop over the batch (per-sample
+  backward, clip, accumulate), how a reference DP-SGD without per-sample machinery works; timed
+  on ``--loop-clients`` clients and scaled to 20 (stated in the output).
+
+    python benchmarks/bench_cnn.py --iters 3 [--json-out out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import privdl.engine.ghost as ghost
+from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.allocator import tune_allocator
+from privdl.models import build_model
+
+N, BATCH, CLIP = 20, 128, 3.0
+
+
+def _median_s(fn, *, iters: int) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _loop_step(mods: list[nn.Sequential], x: torch.Tensor, y: torch.Tensor) -> None:
+    crit = nn.CrossEntropyLoss()
+    for i, m in enumerate(mods):
+        ps = list(m.parameters())
+        acc = [torch.zeros_like(p) for p in ps]
+        for s in range(x.shape[1]):
+            gs = torch.autograd.grad(crit(m(x[i, s : s + 1]), y[i, s : s + 1]), ps)
+            factor = torch.clamp(CLIP / torch.sqrt(sum(g.pow(2).sum() for g in gs)), max=1.0)
+            for a, g in zip(acc, gs, strict=True):
+                a.add_(g * factor)
+
+
+def _modules(params: dict[str, torch.Tensor], count: int) -> list[nn.Sequential]:
+    mods = []
+    for i in range(count):
+        m = nn.Sequential(
+            nn.Conv2d(1, 16, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(1568, 10),
+        )
+        flat = [params[k][i] for k in params]
+        with torch.no_grad():
+            for p, v in zip(m.parameters(), flat, strict=True):
+                p.copy_(v.reshape(p.shape))
+        mods.append(m)
+    return mods
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--loop-clients", type=int, default=2)
+    ap.add_argument("--no-loop", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--no-tune-malloc", action="store_true")
+    args = ap.parse_args()
+    tuned = False if args.no_tune_malloc else tune_allocator()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    model = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
+    params = model.init(n_nodes=N, generator=gen)
+    x = torch.randn(N, BATCH, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (N, BATCH), generator=gen)
+    clip = ClipSpec("per_sample", CLIP)
+
+    def grads(method: str = "auto", c: ClipSpec = clip):
+        return node_gradients(model, params, x, y, loss="cross_entropy", clip=c, method=method)
+
+    res: dict[str, object] = {
+        "setting": f"cnn-mnist p=28938, {N} clients x batch {BATCH}, per-example clip {CLIP}",
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "malloc_tuned": tuned,
+    }
+    strided = ghost.unfold
+    res["ghost_s"] = _median_s(lambda: grads("ghost"), iters=args.iters)
+    ghost.unfold = lambda t, k, *, padding, stride: F.unfold(t, k, padding=padding, stride=stride)
+    try:
+        reference = grads("ghost").grads
+        res["ghost_torch_unfold_s"] = _median_s(lambda: grads("ghost"), iters=args.iters)
+    finally:
+        ghost.unfold = strided
+    mine = grads("ghost").grads
+    res["bit_identical_to_torch_unfold"] = all(torch.equal(mine[k], reference[k]) for k in mine)
+    res["vmap_s"] = _median_s(lambda: grads("vmap"), iters=args.iters)
+    res["nonprivate_s"] = _median_s(lambda: grads(c=ClipSpec()), iters=args.iters)
+    if not args.no_loop:
+        k = args.loop_clients
+        mods = _modules(params, k)
+        res["loop_s_scaled_to_20_clients"] = (
+            _median_s(lambda: _loop_step(mods, x[:k], y[:k]), iters=1) * N / k
+        )
+        res["loop_over_ghost"] = res["loop_s_scaled_to_20_clients"] / res["ghost_s"]
+    res["torch_unfold_over_strided"] = res["ghost_torch_unfold_s"] / res["ghost_s"]
+    res["ghost_over_nonprivate"] = res["ghost_s"] / res["nonprivate_s"]
+    res["vmap_over_ghost"] = res["vmap_s"] / res["ghost_s"]
+    print(json.dumps(res, indent=1))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
