@@ -458,3 +458,20 @@ def test_strided_unfold_equals_torch_unfold(b, c, h, w, k, padding, stride, tran
     x = x if x is not None else torch.randn(b, c, h, w, generator=gen)
     expected = torch.nn.functional.unfold(x, k, padding=padding, stride=stride)
     assert torch.equal(unfold(x, k, padding=padding, stride=stride), expected)
+
+
+def test_auto_picks_vmap_for_patch_heavy_convnets_on_cpu_only():
+    """The CPU cost rule: conv patches (sum C k^2 L per sample) against p, from the architecture."""
+    from privdl.engine.ghost import patch_elements, prefers_ghost
+
+    cnn = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
+    # conv1: 1 x 5^2 x 28^2 patches; conv2 (after a 2x2 pool): 16 x 5^2 x 14^2
+    assert patch_elements(cnn) == 1 * 25 * 784 + 16 * 25 * 196 == 98_000
+    params = cnn.init(n_nodes=1, generator=torch.Generator().manual_seed(0))
+    assert sum(v.numel() for v in params.values()) == 28_938
+    assert not prefers_ghost(cnn, torch.device("cpu"))
+    assert prefers_ghost(cnn, torch.device("cuda"))  # a device object; no GPU needed
+    mlp = build_model("mlp", in_shape=(784,), n_classes=10)
+    assert patch_elements(mlp) == 0 and prefers_ghost(mlp, torch.device("cpu"))
+    small = build_model("cnn-mnist", in_shape=(1, 4, 4), n_classes=10)  # few positions: ghost
+    assert prefers_ghost(small, torch.device("cpu"))

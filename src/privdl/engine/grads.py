@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.func import grad_and_value, vmap
 
 from privdl.engine.clipping import clip_by_global_norm, clip_factor
-from privdl.engine.ghost import ghost_clipped_sum, supports_ghost
+from privdl.engine.ghost import ghost_clipped_sum, prefers_ghost, supports_ghost
 from privdl.engine.losses import check_loss, correct, per_sample_loss
 from privdl.errors import ConfigError, DataError, PrivacyError
 from privdl.models.base import StackedModel
@@ -181,7 +181,9 @@ def node_gradients(
     ``x (n, B, *in_shape)``, ``y (n, B)``; ``mask (n, B)`` of 0/1 drops padded samples. The sum
     over the batch is divided by the number of unmasked samples (``reduction="mean"``), by
     nothing (``"sum"``), or by ``denominator`` (scalar or ``(n,)``; e.g. the expected batch size
-    ``qN`` under Poisson sampling). ``method`` forces the per-sample path (for tests).
+    ``qN`` under Poisson sampling). ``method`` forces the per-sample path; ``"auto"`` takes the
+    ghost path where it applies, except for conv nets on a CPU whose patches outweigh their
+    parameters (:func:`privdl.engine.ghost.prefers_ghost`).
     """
     check_loss(loss)
     _check_inputs(model, params, x, y)
@@ -201,7 +203,7 @@ def node_gradients(
 
     if method == "ghost" and not supports_ghost(model):
         raise ConfigError(f"model {model.name} has layers the ghost path cannot clip")
-    if method == "ghost" or (method == "auto" and supports_ghost(model)):
+    if method == "ghost" or (method == "auto" and prefers_ghost(model, x.device)):
         grads, losses, norms = ghost_clipped_sum(
             model,  # type: ignore[arg-type]
             params,
