@@ -40,9 +40,9 @@ def unfold(x: Tensor, kernel_size: int, *, padding: int, stride: int) -> Tensor:
     """``F.unfold(x, kernel_size, padding=padding, stride=stride)`` for ``x (B, C, H, W)``: the
     patches ``(B, C k^2, L)`` as one strided copy of the zero-padded input.
 
-    Same values bit for bit (a copy; tested against ``F.unfold``). On 2 CPU cores the Robust-HDP
-    CNN's clipped step is 1.09x faster with it (benchmarks/bench_cnn.py); under CPU
-    oversubscription torch's threaded ``im2col`` degraded 10-80x where this copy did not.
+    Same values bit for bit (a copy; tested against ``F.unfold``). On a quiet 2-core CPU it is
+    as fast as torch's ``im2col`` (benchmarks/bench_cnn.py); with another process keeping both
+    cores busy, ``im2col`` degraded 10-80x where this copy did not.
     """
     b, c, h, w = x.shape
     xp = F.pad(x, (padding,) * 4) if padding else x.contiguous()
