@@ -59,3 +59,12 @@ def test_opt_out_and_idempotence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tune_allocator() is False  # remembered until forced
     monkeypatch.setenv("PRIVDL_TUNE_MALLOC", "1")
     assert tune_allocator(force=True) is _glibc()
+
+
+def test_the_privdl_command_tunes_malloc_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import privdl.cli.main as cli_main
+
+    calls: list[int] = []
+    monkeypatch.setattr(cli_main, "tune_allocator", lambda: calls.append(1) or True)
+    assert cli_main.main(["graph", "ring:4", "--json"]) == 0
+    assert calls == [1]
