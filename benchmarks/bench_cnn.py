@@ -22,29 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from _common import add_malloc_flag, apply_malloc_flag, median_seconds
 from torch import nn
 
 import privdl.engine.ghost as ghost
 from privdl.engine import ClipSpec, node_gradients
-from privdl.engine.allocator import tune_allocator
 from privdl.models import build_model
 
 N, BATCH, CLIP = 20, 128, 3.0
-
-
-def _median_s(fn, *, iters: int) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _loop_step(mods: list[nn.Sequential], x: torch.Tensor, y: torch.Tensor) -> None:
@@ -87,9 +75,9 @@ def main() -> None:
     ap.add_argument("--no-loop", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json-out", default=None)
-    ap.add_argument("--no-tune-malloc", action="store_true")
+    add_malloc_flag(ap)
     args = ap.parse_args()
-    tuned = False if args.no_tune_malloc else tune_allocator()
+    tuned = apply_malloc_flag(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
@@ -110,22 +98,22 @@ def main() -> None:
         "malloc_tuned": tuned,
     }
     strided = ghost.unfold
-    res["ghost_s"] = _median_s(lambda: grads("ghost"), iters=args.iters)
+    res["ghost_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
     ghost.unfold = lambda t, k, *, padding, stride: F.unfold(t, k, padding=padding, stride=stride)
     try:
         reference = grads("ghost").grads
-        res["ghost_torch_unfold_s"] = _median_s(lambda: grads("ghost"), iters=args.iters)
+        res["ghost_torch_unfold_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
     finally:
         ghost.unfold = strided
     mine = grads("ghost").grads
     res["bit_identical_to_torch_unfold"] = all(torch.equal(mine[k], reference[k]) for k in mine)
-    res["vmap_s"] = _median_s(lambda: grads("vmap"), iters=args.iters)
-    res["nonprivate_s"] = _median_s(lambda: grads(c=ClipSpec()), iters=args.iters)
+    res["vmap_s"] = median_seconds(lambda: grads("vmap"), iters=args.iters)
+    res["nonprivate_s"] = median_seconds(lambda: grads(c=ClipSpec()), iters=args.iters)
     if not args.no_loop:
         k = args.loop_clients
         mods = _modules(params, k)
         res["loop_s_scaled_to_20_clients"] = (
-            _median_s(lambda: _loop_step(mods, x[:k], y[:k]), iters=1) * N / k
+            median_seconds(lambda: _loop_step(mods, x[:k], y[:k]), iters=1) * N / k
         )
         res["loop_over_ghost"] = res["loop_s_scaled_to_20_clients"] / res["ghost_s"]
     res["torch_unfold_over_strided"] = res["ghost_torch_unfold_s"] / res["ghost_s"]

@@ -26,9 +26,9 @@ import hashlib
 import json
 import platform
 import statistics
-import time
 
 import torch
+from _common import add_malloc_flag, apply_malloc_flag, median_seconds
 from torch import nn
 
 from privdl.algorithms.base import StepSize
@@ -36,7 +36,6 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
-from privdl.engine.allocator import tune_allocator
 from privdl.mechanisms.correlated import correlated_noise, independent_noise
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
@@ -54,16 +53,7 @@ def _sync() -> None:
 
 
 def _median_ms(fn, *, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_seconds(fn, iters=iters, warmup=warmup, sync=_sync)
 
 
 def _edge_generator(secret: int, t: int) -> torch.Generator:
@@ -200,13 +190,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--graphs", default="torus:4x4,ring:16")
     ap.add_argument("--json-out", default=None)
-    ap.add_argument(
-        "--no-tune-malloc",
-        action="store_true",
-        help="leave glibc malloc as it is (privdl commands tune it: privdl.engine.allocator)",
-    )
+    add_malloc_flag(ap)
     args = ap.parse_args()
-    malloc_tuned = False if args.no_tune_malloc else tune_allocator()
+    malloc_tuned = apply_malloc_flag(args)
     global DEVICE
     DEVICE = torch.device(args.device)
     if args.threads:

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 
 import torch
+from _common import add_malloc_flag, apply_malloc_flag
 from torch import nn
 
 from privdl.algorithms.base import in_background
 from privdl.engine import ClipSpec, node_gradients
-from privdl.engine.allocator import tune_allocator
 from privdl.mechanisms import independent_noise, node_noise_keys
 from privdl.mechanisms.prng import resolve_backend
 from privdl.models import build_model
@@ -99,13 +99,9 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="also check vectorized == loop (fp64)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler tables")
     ap.add_argument("--json-out", default=None)
-    ap.add_argument(
-        "--no-tune-malloc",
-        action="store_true",
-        help="leave glibc malloc as it is (privdl commands tune it: privdl.engine.allocator)",
-    )
+    add_malloc_flag(ap)
     args = ap.parse_args()
-    malloc_tuned = False if args.no_tune_malloc else tune_allocator()
+    malloc_tuned = apply_malloc_flag(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

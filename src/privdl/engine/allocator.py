@@ -17,7 +17,6 @@ never calls it on import: the ``privdl`` command, its launched ranks and the ben
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -42,13 +41,12 @@ def tune_allocator(*, force: bool = False) -> bool:
     _applied = False
     if os.environ.get("PRIVDL_TUNE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = getattr(libc, "mallopt", None)
-        gnu_version = getattr(libc, "gnu_get_libc_version", None)  # glibc only, not musl
+    try:  # the process's own symbols (libc among them): no ldconfig subprocess at start-up
+        libc = ctypes.CDLL(None)
     except OSError:
         return False
+    mallopt = getattr(libc, "mallopt", None)
+    gnu_version = getattr(libc, "gnu_get_libc_version", None)  # glibc only, not musl
     if mallopt is None or gnu_version is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

@@ -1,0 +1,45 @@
+"""Helpers the benchmark scripts share (run them from anywhere: ``python benchmarks/NAME.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+from privdl.engine.allocator import tune_allocator
+
+
+def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-tune-malloc``: time with glibc malloc as it is (``privdl`` commands tune it)."""
+    parser.add_argument(
+        "--no-tune-malloc",
+        action="store_true",
+        help="leave glibc malloc as it is (privdl commands tune it: privdl.engine.allocator)",
+    )
+
+
+def apply_malloc_flag(args: argparse.Namespace) -> bool:
+    """Tune malloc as ``privdl`` does unless ``--no-tune-malloc``; the value goes in the JSON."""
+    return False if args.no_tune_malloc else tune_allocator()
+
+
+def median_seconds(
+    fn: Callable[[], object],
+    *,
+    iters: int,
+    warmup: int = 1,
+    sync: Callable[[], None] = lambda: None,
+) -> float:
+    """Median wall time of ``fn()`` over ``iters`` calls after ``warmup`` calls (``sync`` waits
+    for an accelerator before each clock read)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
