@@ -69,6 +69,35 @@ def test_decor_calibration_meets_target(tmp_path):
     assert summary["final"]["privacy"]["threat_model"] == "eavesdropper"
 
 
+def test_decor_default_sigma_cdp_splits_the_step_budget_in_half():
+    """Default sigma_cdp = sqrt(2) x the CDP level against an eavesdropper (Cor. 3's split):
+    the sigma_cor -> infinity limit then uses exactly half of the step's RDP budget."""
+    import math
+
+    from privdl.accounting.secrdp import cdp_limit_step_rdp, decor_step_rdp
+    from privdl.runner import build
+
+    base = {**LS, "epsilon": 3.0, "delta": 1e-5}
+    dec = build(make_config({**base, "algorithm": "decor"}))
+    cdp = build(make_config({**base, "algorithm": "cdp"})).cfg
+    assert dec.cfg.sigma == pytest.approx(math.sqrt(2.0) * cdp.sigma, rel=1e-6)
+    g, c = dec.topology.graph, dec.cfg.clip
+    full = decor_step_rdp(g, sigma_cdp=dec.cfg.sigma, sigma_cor=dec.cfg.sigma_cor, clip=c)
+    limit = cdp_limit_step_rdp(g, sigma_cdp=dec.cfg.sigma, clip=c)
+    assert limit == pytest.approx(full.step_rdp / 2.0, rel=1e-4)
+    # colluders raise the admissible floor, and the default follows it: on the complete graph
+    # G[H] keeps n - 2 nodes; on the ring two colluders can cut a node off (LDP noise, no sigma_cor)
+    col = {**base, "algorithm": "decor", "adversary": "collusion:2"}
+    k8 = build(make_config({**col, "graph": "complete:8"})).cfg
+    cdp8 = build(make_config({**base, "algorithm": "cdp", "graph": "complete:8"})).cfg
+    assert k8.sigma == pytest.approx(math.sqrt(2.0 * 8 / 6) * cdp8.sigma, rel=1e-6)
+    assert k8.sigma_cor > 0
+    ring = build(make_config(col)).cfg
+    ldp = build(make_config({**base, "algorithm": "ldp"})).cfg
+    assert ring.sigma == pytest.approx(ldp.sigma, rel=1e-6)
+    assert ring.sigma_cor == 0.0
+
+
 @pytest.mark.parametrize("algorithm", ["dsgd", "decor"])
 def test_resume_is_bit_identical(tmp_path, algorithm):
     extra = {"sigma": 0.5, "sigma_cor": 2.0} if algorithm == "decor" else {}
