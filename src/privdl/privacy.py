@@ -190,7 +190,7 @@ def calibrate(cfg, topo, task):
         return cfg.with_updates(sigma=sigma_ldp / math.sqrt(n) * (1 + 1e-9), delta=delta)
     # DECOR: sigma_cdp fixed (given, or a default point of its admissible range), sigma_cor
     # calibrated by bisection so that the SecRDP step slope is at most rho (Alg 2/3).
-    from privdl.accounting.calibration import calibrate_sigma_cor
+    from privdl.accounting.calibration import calibrate_sigma_cor, default_sigma_cdp
     from privdl.accounting.conversion import compose_convert
 
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
@@ -198,7 +198,7 @@ def calibrate(cfg, topo, task):
         cfg.sigma
         if cfg.sigma > 0
         else default_sigma_cdp(
-            topo.graph, epsilon=eps_one_step, delta=delta, clip=c, adversary=cfg.adversary
+            topo.graph, epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=cfg.adversary
         )
     )
     cal = calibrate_sigma_cor(
@@ -211,31 +211,6 @@ def calibrate(cfg, topo, task):
         adversary=cfg.adversary,
     )
     return cfg.with_updates(sigma=sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
-
-
-DEFAULT_SIGMA_CDP_FACTOR = math.sqrt(2.0)
-
-
-def default_sigma_cdp(
-    graph, *, epsilon: float, delta: float, clip: float, adversary: str = "eavesdropper"
-) -> float:
-    """DECOR's default sigma_cdp for a one-step budget: sqrt(2) x its smallest admissible value.
-
-    ``sigma_cdp_min`` is where even sigma_cor -> infinity only just meets the budget (the CDP level
-    sigma_ldp / sqrt(n) against an eavesdropper on a connected graph; larger against colluders).
-    ``sqrt(2) sigma_cdp_min`` gives half of the step's RDP budget to the independent noise and
-    half to the correlated noise: the split of the paper's theory calibration (Cor. 3 / Cor. 12,
-    spec s.4.5). Capped at sigma_ldp, where no correlated noise is needed (e.g. two colluders on
-    a ring can cut a node off, so sigma_cdp_min = sigma_ldp and DECOR adds LDP noise). Measured against
-    other points of the range (docs/reproductions-decor.md): within 10-20% of the best
-    sigma_cdp on the a9a demo and Fig 1a's ring, where twice the CDP std was 1.1-3x worse.
-    """
-    from privdl.accounting.calibration import sigma_cdp_range
-
-    lo, sigma_ldp = sigma_cdp_range(
-        graph, epsilon=epsilon, delta=delta, steps=1, clip=clip, adversary=adversary
-    )
-    return min(sigma_ldp * (1 + 1e-9), DEFAULT_SIGMA_CDP_FACTOR * lo)
 
 
 def run_accountant(cfg, topo, task) -> Callable[[int], dict[str, Any] | None]:

@@ -158,6 +158,26 @@ def test_calibrate_decor(capsys):
     assert check["epsilon"] == pytest.approx(out["epsilon_achieved"], rel=1e-12)
 
 
+def test_calibrate_decor_default_sigma_cdp(capsys):
+    """Without --sigma-cdp: sqrt(2) x the CDP level sigma_ldp/sqrt(16) on the ring (eavesdropper),
+    where sigma_ldp = C sqrt(2/eps_iter) with eps_iter from (ACC-2)."""
+    import math
+
+    out = run_json(
+        capsys,
+        ["calibrate", "decor", "--graph", "ring:16", "--epsilon", "5", "--delta", "1e-5"]
+        + ["--steps", "1000", "--json"],
+    )
+    log = math.log(1e5)
+    eps_iter = (math.sqrt(log + 5.0) - math.sqrt(log)) ** 2 / 1000
+    sigma_ldp = math.sqrt(2.0 / eps_iter)
+    assert out["sigma_cdp_rule"].startswith("default")
+    assert out["sigma_cdp"] == pytest.approx(math.sqrt(2.0) * sigma_ldp / 4.0, rel=1e-9)
+    assert out["sigma_cdp_min"] == pytest.approx(sigma_ldp / 4.0, rel=1e-9)
+    assert out["epsilon_achieved"] == pytest.approx(5.0, rel=1e-4)
+    assert out["epsilon_achieved"] <= 5.0
+
+
 def test_plan_commands(capsys):
     out = run_json(
         capsys,
