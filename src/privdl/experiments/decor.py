@@ -637,9 +637,9 @@ def run_fig1b(
             "Expected (paper): DECOR closely matches CDP on all topologies and budgets, about an "
             "order of magnitude better than LDP.",
             "*Noise-free gap*: D-SGD on the same graph with the same (lr, C) and no noise (preset "
-            "key `noise_free_floor`). A method cannot beat it by more than seed noise, so the "
-            "ratio of two methods' gaps is bounded by what their (lr, C) allow: gap - noise-free "
-            "gap is what the noise costs.",
+            "key `noise_free_floor`). On this convex task the noise does not lower the gap "
+            "beyond seed spread, so the ratio of two methods' gaps is bounded by what their "
+            "(lr, C) allow; gap - noise-free gap is what the noise costs.",
             "## Checks",
             _checks_md(checks),
             f"Run time: {wall:.0f} s.",
