@@ -190,27 +190,20 @@ def calibrate(cfg, topo, task):
         return cfg.with_updates(sigma=sigma_ldp / math.sqrt(n) * (1 + 1e-9), delta=delta)
     # DECOR: sigma_cdp fixed (given, or a default point of its admissible range), sigma_cor
     # calibrated by bisection so that the SecRDP step slope is at most rho (Alg 2/3).
-    from privdl.accounting.calibration import calibrate_sigma_cor, default_sigma_cdp
+    from privdl.accounting.calibration import calibrate_sigma_cor
     from privdl.accounting.conversion import compose_convert
 
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
-    sigma_cdp = (
-        cfg.sigma
-        if cfg.sigma > 0
-        else default_sigma_cdp(
-            topo.graph, epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=cfg.adversary
-        )
-    )
     cal = calibrate_sigma_cor(
         topo.graph,
         epsilon=eps_one_step,
         delta=delta,
         steps=1,
-        sigma_cdp=sigma_cdp,
+        sigma_cdp=cfg.sigma if cfg.sigma > 0 else None,
         clip=c,
         adversary=cfg.adversary,
     )
-    return cfg.with_updates(sigma=sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
+    return cfg.with_updates(sigma=cal.sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
 
 
 def run_accountant(cfg, topo, task) -> Callable[[int], dict[str, Any] | None]:

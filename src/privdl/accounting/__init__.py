@@ -3,8 +3,8 @@
 * :func:`decor_step_rdp` -- SecRDP per-step slope of DECOR (Alg 2/3), all threat models.
 * :func:`theorem_bound` -- the Theorem 1/6 closed-form upper bound.
 * :func:`account_decor` -- composed and converted DECOR budget (user or example level).
-* :func:`calibrate_sigma_cor` / :func:`sigma_cdp_range` / :func:`default_sigma_cdp` -- DECOR
-  calibration.
+* :func:`calibrate_sigma_cor` / :func:`sigma_cdp_range` -- DECOR calibration (default sigma_cdp
+  when none is given).
 * :func:`dpsgd_budget` / :func:`calibrate_noise_multiplier` -- DP-SGD via dp-accounting.
 * ``privsgp_*``, ``porter_*``, ``robust_hdp_*`` -- nominal paper formulas with accounted epsilon.
 
@@ -15,7 +15,6 @@ from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.calibration import (
     DecorCalibration,
     calibrate_sigma_cor,
-    default_sigma_cdp,
     sigma_cdp_range,
 )
 from privdl.accounting.conversion import (
@@ -80,7 +79,6 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_nodes",
     "calibrate_sigma_cor",
-    "default_sigma_cdp",
     "cdp_limit_step_rdp",
     "classic_epsilon",
     "classic_rho_for_epsilon",

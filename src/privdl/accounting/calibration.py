@@ -79,50 +79,13 @@ def sigma_cdp_range(
 DEFAULT_SIGMA_CDP_FACTOR = math.sqrt(2.0)
 
 
-def default_sigma_cdp(
-    graph: nx.Graph,
-    *,
-    epsilon: float,
-    delta: float,
-    steps: int,
-    clip: float = 1.0,
-    adversary: str = "eavesdropper",
-    conversion: str = "classic",
-    max_subsets: int = MAX_SUBSETS,
-    force: bool = False,
-) -> float:
-    """DECOR's default sigma_cdp: sqrt(2) x its smallest admissible value, capped at sigma_ldp.
-
-    ``sigma_cdp_min`` is where even sigma_cor -> infinity only just meets the budget (the CDP level
-    sigma_ldp / sqrt(n) against an eavesdropper on a connected graph; larger against colluders).
-    ``sqrt(2) sigma_cdp_min`` gives half of the step's RDP budget to the independent noise and
-    half to the correlated noise: the split of the paper's theory calibration (Cor. 3 / Cor. 12,
-    spec s.4.5). Capped at sigma_ldp, where no correlated noise is needed (e.g. two colluders on
-    a ring can cut a node off, so sigma_cdp_min = sigma_ldp and DECOR adds LDP noise). Measured
-    against other points of the range (docs/reproductions-decor.md): within 10-20% of the best
-    sigma_cdp on the a9a demo and Fig 1a's ring, where twice the CDP level was 1.1-3x worse.
-    """
-    lo, sigma_ldp = sigma_cdp_range(
-        graph,
-        epsilon=epsilon,
-        delta=delta,
-        steps=steps,
-        clip=clip,
-        adversary=adversary,
-        conversion=conversion,
-        max_subsets=max_subsets,
-        force=force,
-    )
-    return min(sigma_ldp * (1 + 1e-9), DEFAULT_SIGMA_CDP_FACTOR * lo)
-
-
 def calibrate_sigma_cor(
     graph: nx.Graph,
     *,
     epsilon: float,
     delta: float,
     steps: int,
-    sigma_cdp: float,
+    sigma_cdp: float | None = None,
     clip: float = 1.0,
     adversary: str = "eavesdropper",
     conversion: str = "classic",
@@ -131,6 +94,16 @@ def calibrate_sigma_cor(
     force: bool = False,
 ) -> DecorCalibration:
     """Smallest sigma_cor (to relative ``rtol``) such that DECOR is (eps, delta)-SecLDP.
+
+    ``sigma_cdp=None`` takes the default ``sqrt(2) x sigma_cdp_min``, capped at sigma_ldp.
+    ``sigma_cdp_min`` is where even sigma_cor -> infinity only just meets the budget (the CDP level
+    sigma_ldp / sqrt(n) against an eavesdropper on a connected graph; larger against colluders).
+    ``sqrt(2) sigma_cdp_min`` gives half of the step's RDP budget to the independent noise and
+    half to the correlated noise: the split of the paper's theory calibration (Cor. 3 / Cor. 12,
+    spec s.4.5). At the cap no correlated noise is needed (e.g. two colluders on a ring can cut a
+    node off, so sigma_cdp_min = sigma_ldp and DECOR adds LDP noise). Measured against other
+    points of the range (docs/reproductions-decor.md): within 10-20% of the best sigma_cdp on the
+    a9a demo and Fig 1a's ring, where twice the CDP level was 1.1-3x worse.
 
     Raises :class:`PrivacyError` if ``sigma_cdp`` is outside the admissible range.
     """
@@ -148,6 +121,8 @@ def calibrate_sigma_cor(
         max_subsets=max_subsets,
         force=force,
     )
+    if sigma_cdp is None:
+        sigma_cdp = min(hi_cdp * (1 + 1e-9), DEFAULT_SIGMA_CDP_FACTOR * lo_cdp)
     rho = step_rdp_for_epsilon(epsilon, steps=steps, delta=delta, conversion=conversion)
 
     def step(c: float) -> float:

@@ -256,29 +256,28 @@ def calibrate_decor_cmd(
     as_json: bool,
 ) -> None:
     """Smallest sigma_cor with achieved epsilon <= target (conservative log-bisection)."""
-    from privdl.accounting import calibrate_sigma_cor, default_sigma_cdp
+    from privdl.accounting import calibrate_sigma_cor
 
     if sigma_cdp is not None:
         _positive("--sigma-cdp", sigma_cdp)
     _positive("--epsilon", epsilon)
     _positive("--clip", clip)
     graph = _graph(graph_spec)
-    common = dict(
-        epsilon=epsilon,
-        delta=delta,
-        steps=steps,
-        clip=clip,
-        adversary=adversary,
-        conversion=conversion,
-        max_subsets=max_subsets,
-        force=force,
+    result, warns = _run_with_warnings(
+        lambda: calibrate_sigma_cor(
+            graph,
+            epsilon=epsilon,
+            delta=delta,
+            steps=steps,
+            sigma_cdp=sigma_cdp,
+            clip=clip,
+            adversary=adversary,
+            conversion=conversion,
+            rtol=rtol,
+            max_subsets=max_subsets,
+            force=force,
+        )
     )
-
-    def run():
-        s = sigma_cdp if sigma_cdp is not None else default_sigma_cdp(graph, **common)
-        return calibrate_sigma_cor(graph, sigma_cdp=s, rtol=rtol, **common)
-
-    result, warns = _run_with_warnings(run)
     rule = "given" if sigma_cdp is not None else "default: sqrt(2) x sigma_cdp_min"
     out = {**result.to_dict(), "sigma_cdp_rule": rule, "graph": graph_spec, "warnings": warns}
     _emit(out, as_json, "DECOR calibration")

@@ -454,7 +454,7 @@ def _add_noise_free_floors(
     """
     floors: dict[tuple[str, float, float], tuple[float, float]] = {}
     for r in results.values():
-        graph = p["graphs"]["complete" if r["algorithm"] == "cdp" else r["topology"]]
+        graph = p["graphs"][r["topology"]]  # CDP's topology is "complete" (W = J)
         key = (graph, r["lr"], r["clip"])
         if key not in floors:
             gaps = []
