@@ -43,3 +43,27 @@ def median_seconds(
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_seconds(
+    fns: list[Callable[[], object]],
+    *,
+    iters: int,
+    warmup: int = 1,
+    sync: Callable[[], None] = lambda: None,
+) -> list[list[float]]:
+    """Wall times of each of ``fns``, called in turn (a, b, a, b, ...) ``iters`` times after
+    ``warmup`` turns, so drift in the machine's load affects them alike (``sync`` waits for an
+    accelerator before each clock read)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    sync()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(iters):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return times

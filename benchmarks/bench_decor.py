@@ -28,7 +28,7 @@ import platform
 import statistics
 
 import torch
-from _common import add_malloc_flag, apply_malloc_flag, median_seconds
+from _common import add_malloc_flag, apply_malloc_flag, interleaved_seconds, median_seconds
 from torch import nn
 
 from privdl.algorithms.base import StepSize
@@ -36,7 +36,7 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
-from privdl.mechanisms.correlated import correlated_noise, independent_noise
+from privdl.mechanisms.correlated import decor_noise
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
 
@@ -150,22 +150,28 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     size = sum(v[0].numel() for v in params.values())
     keys, counter = box["d"], [0]
 
-    def noise_only() -> None:
+    def noise_only() -> None:  # what a DECOR step draws (fused into two kernels on CUDA)
         counter[0] += 1
-        cor = correlated_noise(
-            keys.edge_keys, topo.edges, N, counter[0], size, sigma_cor=SIGMA_COR, device=DEVICE
+        decor_noise(
+            keys.edge_keys,
+            topo.edges,
+            N,
+            keys.noise_keys,
+            counter[0],
+            size,
+            sigma_cor=SIGMA_COR,
+            sigma_cdp=SIGMA_CDP,
+            device=DEVICE,
         )
-        cor + independent_noise(keys.noise_keys, counter[0], size, sigma=SIGMA_CDP, device=DEVICE)
 
-    # three alternating rounds, so drift in the machine's load affects both steps alike; the
-    # ratio is the median of the three per-round ratios
-    rounds = [
-        (
-            _median_ms(decor_step, iters=iters, warmup=warmup),
-            _median_ms(plain_step, iters=iters, warmup=warmup),
+    # three rounds of the two steps called in turn, so drift in the machine's load affects both
+    # alike; the ratio is the median of the three per-round ratios
+    rounds = []
+    for _ in range(3):
+        t_decor, t_plain = interleaved_seconds(
+            [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
         )
-        for _ in range(3)
-    ]
+        rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
     out = {
         "decor_ms": statistics.median(r[0] for r in rounds),
         "nonprivate_ms": statistics.median(r[1] for r in rounds),

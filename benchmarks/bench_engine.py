@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from _common import add_malloc_flag, apply_malloc_flag
+from _common import add_malloc_flag, apply_malloc_flag, interleaved_seconds
 from torch import nn
 
 from privdl.algorithms.base import in_background
@@ -42,6 +42,12 @@ C, LR, SIGMA = 1.0, 0.1, 1.0
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _interleaved(
+    fns: list[Callable[[], None]], *, iters: int, warmup: int, device: torch.device
+) -> list[list[float]]:
+    return interleaved_seconds(fns, iters=iters, warmup=warmup, sync=lambda: _sync(device))
 
 
 def _time(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device) -> list[float]:
@@ -216,11 +222,10 @@ def main() -> None:
         torch.randn(sum(sizes), generator=gen, device=device)
 
     t_loop = _time(loop_step, iters=args.loop_iters, warmup=1, device=device)
-    t_priv = _time(private_step, iters=args.iters, warmup=args.warmup, device=device)
-    t_non = _time(nonprivate_step, iters=args.iters, warmup=args.warmup, device=device)
-    # second round of the vectorized pair, so drift in machine load affects both alike
-    t_priv += _time(private_step, iters=args.iters, warmup=1, device=device)
-    t_non += _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
+    # the private and the non-private step called in turn, so drift in load affects both alike
+    t_priv, t_non = _interleaved(
+        [private_step, nonprivate_step], iters=2 * args.iters, warmup=args.warmup, device=device
+    )
 
     # the same private step with privdl's keyed streams (one per node), against non-private
     # three alternating rounds per backend; the ratio is the median of the per-round ratios, so a
@@ -228,8 +233,12 @@ def main() -> None:
     for backend in ("aes-ziggurat", "chacha20", "torch"):
         lib_ms, per_round = [], []
         for _ in range(3):
-            t_lib = _time(library_private_step(backend), iters=args.iters, warmup=1, device=device)
-            t_non2 = _time(nonprivate_step, iters=args.iters, warmup=1, device=device)
+            t_lib, t_non2 = _interleaved(
+                [library_private_step(backend), nonprivate_step],
+                iters=args.iters,
+                warmup=1,
+                device=device,
+            )
             lib_ms.append(statistics.median(t_lib))
             per_round.append(statistics.median(t_lib) / statistics.median(t_non2))
         results[f"ms_per_iter_private_{backend}_streams"] = round(
@@ -267,8 +276,9 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
     # where the price of privacy goes: clipped vs plain gradients, and the Gaussian noise draw
-    t_pg = _time(private_grad_only, iters=args.iters, warmup=1, device=device)
-    t_ng = _time(nonprivate_grad_only, iters=args.iters, warmup=1, device=device)
+    t_pg, t_ng = _interleaved(
+        [private_grad_only, nonprivate_grad_only], iters=args.iters, warmup=1, device=device
+    )
     t_noise = _time(noise_only, iters=args.iters, warmup=1, device=device)
     results["ms_grad_only_private"] = round(1e3 * statistics.median(t_pg), 3)
     results["ms_grad_only_nonprivate"] = round(1e3 * statistics.median(t_ng), 3)

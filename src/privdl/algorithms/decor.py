@@ -75,42 +75,29 @@ class Decor:
         return DecorState(params=params, t=0, edge_keys=edge_keys, noise_keys=noise_keys)
 
     def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, dict]:
-        from privdl.mechanisms.correlated import correlated_noise, independent_noise
+        from privdl.mechanisms.correlated import decor_noise
 
         t = state.t
         eta = self.step_size(t)
         first = next(iter(state.params.values()))
         size = sum(v[0].numel() for v in state.params.values())
-        owned = comm.owned.tolist()
+        owned = comm.owned_list
 
         def draw() -> torch.Tensor | None:  # line 3: depends on the keys and t, not on g_i
-            flat = None
-            if self.sigma_cdp > 0:
-                keys = [state.noise_keys[i] for i in owned]
-                flat = independent_noise(
-                    keys,
-                    t,
-                    size,
-                    sigma=self.sigma_cdp,
-                    dtype=first.dtype,
-                    device=first.device,
-                    backend=self.noise_backend,
-                )
-            if self.sigma_cor > 0:
-                cor = correlated_noise(
-                    state.edge_keys,
-                    self.edges,
-                    self.n_nodes,
-                    t,
-                    size,
-                    sigma_cor=self.sigma_cor,
-                    dtype=first.dtype,
-                    device=first.device,
-                    nodes=None if len(owned) == self.n_nodes else owned,
-                    backend=self.noise_backend,
-                )
-                flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
-            return flat
+            return decor_noise(
+                state.edge_keys,
+                self.edges,
+                self.n_nodes,
+                [state.noise_keys[i] for i in owned],
+                t,
+                size,
+                sigma_cor=self.sigma_cor,
+                sigma_cdp=self.sigma_cdp,
+                dtype=first.dtype,
+                device=first.device,
+                nodes=None if len(owned) == self.n_nodes else owned,
+                backend=self.noise_backend,
+            )
 
         pending = in_background(draw, device=first.device)  # drawn while line 2 runs
         res = oracle(state.params, t, clip=self.clip)  # line 2
@@ -118,7 +105,8 @@ class Decor:
         flat = pending()
         if flat is not None:
             noise = unflatten(flat, grads)
-            grads = {k: grads[k] + noise[k] for k in grads}
+            added = torch._foreach_add(list(grads.values()), [noise[k] for k in grads])
+            grads = dict(zip(grads, added, strict=True))  # one launch on CUDA
         decay = 1.0 - eta * self.weight_decay
         half = {k: decay * state.params[k] - eta * grads[k] for k in grads}
         return replace(state, params=comm.mix(half, t), t=t + 1), {"loss": res.loss}

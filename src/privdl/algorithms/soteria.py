@@ -98,7 +98,7 @@ class SoteriaFL:
         res = oracle(state.params, t, clip=self.clip)
         g = flatten_tree(res.grads).to(state.shifts.dtype)
         if self.sigma_p > 0:
-            keys = [state.noise_keys[i] for i in comm.owned.tolist()]
+            keys = [state.noise_keys[i] for i in comm.owned_list]
             g = g + independent_noise(
                 keys,
                 t,

@@ -25,6 +25,15 @@ class Communicator(ABC):
     def owned(self) -> torch.Tensor:
         """Indices (int64) of the nodes this process owns, in the order of the leading dim."""
 
+    @property
+    def owned_list(self) -> list[int]:
+        """:attr:`owned` as Python ints, read once: ``owned.tolist()`` on a CUDA tensor would wait
+        for the GPU at every step (the owned nodes never change)."""
+        cached = self.__dict__.get("_owned_list")
+        if cached is None:
+            cached = self.__dict__["_owned_list"] = self.owned.tolist()
+        return list(cached)
+
     @abstractmethod
     def mix(self, tree: Tree, t: int) -> Tree:
         """Gossip step ``x_i <- sum_j W_ij x_j`` with the mixing matrix of step ``t``."""

@@ -338,7 +338,7 @@ REPRODUCTIONS = [
         description="MNIST MLP, example level: legacy and correctly accounted budgets",
         run=run_fig1c,
         full_runtime=(
-            "~40 min on one H100 (measured: 11.5 s per 1000-step run, 196 runs); ~2-2.5 h on 2"
+            "~30-40 min on one H100 (measured: 9-11.5 s per 1000-step run, 196 runs); ~2-2.5 h on 2"
             " CPU cores (measured: 36-49 s per 1000-step run)"
         ),
     ),

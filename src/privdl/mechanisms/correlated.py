@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from privdl.errors import ConfigError, GraphError, PrivacyError
+from privdl.mechanisms.fused_noise import fused_available, fused_decor_noise
 from privdl.mechanisms.prng import NormalBackend, _usable_cpus, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
 
@@ -29,6 +30,7 @@ _PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a 
 
 __all__ = [
     "correlated_noise",
+    "decor_noise",
     "incidence_matrix",
     "independent_noise",
     "split_flat",
@@ -229,9 +231,76 @@ def independent_noise(
     sigma = _check_sigma("sigma", sigma)
     if sigma == 0.0:
         return torch.zeros((len(node_keys), size), dtype=dtype, device=device)
+    if fused_available(device, dtype, backend):  # CUDA: keystream + Box-Muller in two kernels
+        n = len(node_keys)
+        return fused_decor_noise(
+            (), (), n, node_keys, counter, size, sigma_cor=0.0, sigma_cdp=sigma, device=device
+        )
     work = torch.float64 if dtype == torch.float64 else torch.float32
     noise = normal_streams(node_keys, counter, size, dtype=work, device=device, backend=backend)
     return noise.mul_(sigma).to(dtype=dtype)
+
+
+def decor_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    sigma_cdp: float,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    nodes: Sequence[int] | None = None,
+    backend: NormalBackend = "auto",
+) -> torch.Tensor | None:
+    """A DECOR step's noise ``sum_{j in N_i} v_ij + vbar_i`` for the requested rows (Alg 1 line 3,
+    eq. 3), or None when both sigmas are 0.
+
+    ``node_keys[r]`` is the private noise key of the r-th requested row (``nodes``, all if None).
+    It is :func:`correlated_noise` plus :func:`independent_noise`; on CUDA with the ``chacha20``
+    streams in float32 both are made by two fused kernels
+    (:func:`privdl.mechanisms.fused_noise.fused_decor_noise`, the same values).
+    """
+    sigma_cor = _check_sigma("sigma_cor", sigma_cor)
+    sigma_cdp = _check_sigma("sigma_cdp", sigma_cdp)
+    if sigma_cor == 0.0 and sigma_cdp == 0.0:
+        return None
+    if fused_available(device, dtype, backend):
+        return fused_decor_noise(
+            edge_keys,
+            edges,
+            n_nodes,
+            node_keys,
+            counter,
+            size,
+            sigma_cor=sigma_cor,
+            sigma_cdp=sigma_cdp,
+            device=device,
+            nodes=nodes,
+        )
+    flat = None
+    if sigma_cdp > 0:
+        flat = independent_noise(
+            node_keys, counter, size, sigma=sigma_cdp, dtype=dtype, device=device, backend=backend
+        )
+    if sigma_cor > 0:
+        cor = correlated_noise(
+            edge_keys,
+            edges,
+            n_nodes,
+            counter,
+            size,
+            sigma_cor=sigma_cor,
+            dtype=dtype,
+            device=device,
+            nodes=nodes,
+            backend=backend,
+        )
+        flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
+    return flat
 
 
 def split_flat(

@@ -54,6 +54,7 @@ try:  # optional: a fused ChaCha20 kernel for CUDA devices
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
+    tl = None
 
 __all__ = [
     "BACKENDS",

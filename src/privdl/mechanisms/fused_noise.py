@@ -1,0 +1,376 @@
+"""A DECOR step's whole noise on CUDA in two kernels (``chacha20`` streams, layout v2).
+
+The composed path (:func:`privdl.mechanisms.correlated.correlated_noise` plus
+:func:`~privdl.mechanisms.correlated.independent_noise`) launches one keystream kernel per kind
+of stream, about ten elementwise kernels of Box-Muller per call, a gather and an ``addcmul`` per
+degree slot, and copies the slot tables and stream states to the GPU at every step. On a GPU a
+step of the DECOR MNIST setting is launch-bound, so that cost about as much as the gradients.
+
+Here (DECOR Alg. 1 line 3; matrix form Alg. 4, ``N = K Z`` plus the independent ``vbar``):
+
+1. one kernel writes the ChaCha20 keystream of every needed stream (the incident edges' secrets,
+   then the owned nodes' noise keys), with the nonce ``(t, substream)`` passed as scalars, so no
+   per-step host-to-device copy is made (the stream keys and slot tables are uploaded once and
+   cached);
+2. one kernel turns, for each owned row ``i`` and block of coordinates, the keystream of each
+   incident edge into normals (Box-Muller as in :func:`~privdl.mechanisms.prng.keystream_to_normals`),
+   accumulates ``+z_e`` at the lower endpoint and ``-z_e`` at the upper one in edge order,
+   multiplies by ``sigma_cor``, and adds ``sigma_cdp`` times the node's own normals.
+
+Every float operation is the composed path's, in the same order and precision, with FMA
+contraction turned off and CUDA's libdevice ``logf``/``cosf``/``sinf`` and IEEE ``sqrt``: the
+values are meant to equal the composed path's bit for bit (checked on the GPU by
+``tests/mechanisms/test_fused_noise.py``). Float32 only; other dtypes, backends and devices take
+the composed path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from privdl.mechanisms.prng import (
+    _ANGLE_STEP,
+    _MAX_STREAM_BYTES,
+    _check_key,
+    _nonce,
+    resolve_backend,
+    row_pairs,
+    tl,
+    triton,
+)
+
+__all__ = ["fused_available", "fused_decor_noise"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+_KEYSTREAM_BLOCK = 256  # ChaCha20 blocks per program
+_PAIR_BLOCK = 1024  # Box-Muller pairs per program
+
+if triton is not None:
+    from privdl.mechanisms.prng import _quarter
+
+    if _INTERPRET:  # the interpreter has no libdevice; its numpy functions stand in
+
+        @triton.jit
+        def _log(x):
+            return tl.log(x)
+
+        @triton.jit
+        def _cos(x):
+            return tl.cos(x)
+
+        @triton.jit
+        def _sin(x):
+            return tl.sin(x)
+
+    else:
+        from triton.language.extra import libdevice
+
+        @triton.jit
+        def _log(x):  # logf, as torch's CUDA log_ calls it
+            return libdevice.log(x)
+
+        @triton.jit
+        def _cos(x):
+            return libdevice.cos(x)
+
+        @triton.jit
+        def _sin(x):
+            return libdevice.sin(x)
+
+    @triton.jit
+    def _keystream_kernel(key_ptr, out_ptr, n_blocks, n0, n1, n2, BLOCK: tl.constexpr):
+        """RFC 8439 block function: stream ``program_id(1)`` with key words ``key_ptr[s, 0:8]``,
+        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program."""
+        stream = tl.program_id(1)
+        block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = block < n_blocks
+        base = key_ptr + stream * 8
+        zero = tl.zeros([BLOCK], dtype=tl.uint32)
+        s0 = zero + 0x61707865  # "expand 32-byte k"
+        s1 = zero + 0x3320646E
+        s2 = zero + 0x79622D32
+        s3 = zero + 0x6B206574
+        s4 = tl.load(base + 0).to(tl.uint32, bitcast=True) + zero
+        s5 = tl.load(base + 1).to(tl.uint32, bitcast=True) + zero
+        s6 = tl.load(base + 2).to(tl.uint32, bitcast=True) + zero
+        s7 = tl.load(base + 3).to(tl.uint32, bitcast=True) + zero
+        s8 = tl.load(base + 4).to(tl.uint32, bitcast=True) + zero
+        s9 = tl.load(base + 5).to(tl.uint32, bitcast=True) + zero
+        s10 = tl.load(base + 6).to(tl.uint32, bitcast=True) + zero
+        s11 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
+        s12 = block.to(tl.uint32)
+        wide = tl.zeros([BLOCK], dtype=tl.int64)  # the nonce words may arrive as constants (1)
+        s13 = (wide + n0).to(tl.uint32)
+        s14 = (wide + n1).to(tl.uint32)
+        s15 = (wide + n2).to(tl.uint32)
+        x0, x1, x2, x3, x4, x5, x6, x7 = s0, s1, s2, s3, s4, s5, s6, s7
+        x8, x9, x10, x11, x12, x13, x14, x15 = s8, s9, s10, s11, s12, s13, s14, s15
+        for _ in range(10):
+            x0, x4, x8, x12 = _quarter(x0, x4, x8, x12)
+            x1, x5, x9, x13 = _quarter(x1, x5, x9, x13)
+            x2, x6, x10, x14 = _quarter(x2, x6, x10, x14)
+            x3, x7, x11, x15 = _quarter(x3, x7, x11, x15)
+            x0, x5, x10, x15 = _quarter(x0, x5, x10, x15)
+            x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
+            x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
+            x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
+        out = out_ptr + stream.to(tl.int64) * n_blocks * 16 + block * 16
+        tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 2, (x2 + s2).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 3, (x3 + s3).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 4, (x4 + s4).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 5, (x5 + s5).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 6, (x6 + s6).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 7, (x7 + s7).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 8, (x8 + s8).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 9, (x9 + s9).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 10, (x10 + s10).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 11, (x11 + s11).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 12, (x12 + s12).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 13, (x13 + s13).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 14, (x14 + s14).to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 15, (x15 + s15).to(tl.int32, bitcast=True), mask=inside)
+
+    @triton.jit
+    def _pair(ks64_ptr, ks32_ptr, stream, row64, row32, m, j, inside, angle_step):
+        """Box-Muller pair j of a stream (layout v2): r cos(a), r sin(a) in float32."""
+        s64 = stream.to(tl.int64)
+        w = tl.load(ks64_ptr + s64 * row64 + j, mask=inside, other=0)
+        f = ((w & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000).to(tl.float64, bitcast=True)
+        u1 = (2.0 - f).to(tl.float32)
+        radius = tl.sqrt_rn(_log(u1) * -2.0)
+        s = tl.load(ks32_ptr + s64 * row32 + 2 * m + j, mask=inside, other=0)
+        angle = s.to(tl.float32) * angle_step
+        return _cos(angle) * radius, _sin(angle) * radius
+
+    @triton.jit
+    def _noise_kernel(
+        ks64_ptr,
+        ks32_ptr,
+        row64,
+        row32,
+        m,
+        size,
+        indptr_ptr,
+        slot_stream_ptr,
+        slot_sign_ptr,
+        node_base,
+        sigma_cor,
+        sigma_cdp,
+        angle_step,
+        out_ptr,
+        HAS_COR: tl.constexpr,
+        HAS_NODE: tl.constexpr,
+        MAX_DEGREE: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Row ``program_id(1)``: sigma_cor * sum_slots (+-z_e) [+ sigma_cdp * z_node], pairs
+        ``j`` of block ``program_id(0)`` (cos half at ``j``, sin half at ``m + j``)."""
+        r = tl.program_id(1)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = j < m
+        if HAS_COR:
+            acc_c = tl.zeros([BLOCK], dtype=tl.float32)
+            acc_s = tl.zeros([BLOCK], dtype=tl.float32)
+            start = tl.load(indptr_ptr + r)
+            degree = tl.load(indptr_ptr + r + 1) - start
+            for k in range(
+                0, MAX_DEGREE
+            ):  # incident edges in edge order; a row stops at its degree
+                used = k < degree
+                stream = tl.load(slot_stream_ptr + start + k, mask=used, other=0)
+                sign = tl.load(slot_sign_ptr + start + k, mask=used, other=0)
+                zc, zs = _pair(ks64_ptr, ks32_ptr, stream, row64, row32, m, j, inside, angle_step)
+                acc_c = tl.where(sign > 0, acc_c + zc, tl.where(sign < 0, acc_c - zc, acc_c))
+                acc_s = tl.where(sign > 0, acc_s + zs, tl.where(sign < 0, acc_s - zs, acc_s))
+            acc_c = acc_c * sigma_cor
+            acc_s = acc_s * sigma_cor
+            if HAS_NODE:
+                zc, zs = _pair(
+                    ks64_ptr, ks32_ptr, node_base + r, row64, row32, m, j, inside, angle_step
+                )
+                acc_c = acc_c + zc * sigma_cdp
+                acc_s = acc_s + zs * sigma_cdp
+        else:
+            zc, zs = _pair(
+                ks64_ptr, ks32_ptr, node_base + r, row64, row32, m, j, inside, angle_step
+            )
+            acc_c = zc * sigma_cdp
+            acc_s = zs * sigma_cdp
+        out = out_ptr + r.to(tl.int64) * size
+        tl.store(out + j, acc_c, mask=inside & (j < size))
+        tl.store(out + m + j, acc_s, mask=inside & (m + j < size))
+
+
+def fused_available(device: torch.device | str, dtype: torch.dtype, backend: str) -> bool:
+    """True where :func:`fused_decor_noise` serves: CUDA with Triton, float32, ``chacha20``."""
+    device = torch.device(device)
+    return (
+        triton is not None
+        and device.type == "cuda"
+        and dtype == torch.float32
+        and resolve_backend(backend, device) == "chacha20"
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What stays the same from step to step, uploaded once: key words and slot tables."""
+
+    key_words: torch.Tensor  # (streams, 8) int32: incident edges' secrets, then node keys
+    indptr: torch.Tensor  # (rows + 1,) int32: row r's slots are indptr[r]:indptr[r + 1]
+    slot_stream: torch.Tensor  # (slots,) int32: stream index of the slot's edge
+    slot_sign: torch.Tensor  # (slots,) int32: +1 at the lower endpoint, -1 at the upper
+    max_degree: int  # most slots of any row
+    node_base: int  # stream index of the first row's node key
+    n_rows: int
+
+
+_EDGES_SEEN: dict[tuple[int, int], tuple[Any, np.ndarray, bytes]] = {}
+
+
+def _checked_edges(edges: Any, n_nodes: int) -> tuple[bytes, int]:
+    """The validated edge array's bytes and length, remembered for the same edges object (a step
+    would otherwise spend most of its host time validating the graph again)."""
+    from privdl.mechanisms.secrets import as_edge_array
+
+    seen = _EDGES_SEEN.get((id(edges), n_nodes))
+    if seen is not None and seen[0] is edges and isinstance(edges, np.ndarray):
+        array = seen[1]
+        if edges.dtype == array.dtype and np.array_equal(edges, array):  # not changed in place
+            return seen[2], len(array)
+    array = as_edge_array(edges, n_nodes)
+    if len(_EDGES_SEEN) > 16:
+        _EDGES_SEEN.clear()
+    _EDGES_SEEN[(id(edges), n_nodes)] = (edges, array.copy(), array.tobytes())
+    return array.tobytes(), len(array)
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(
+    edge_keys: tuple[bytes | None, ...],
+    edge_bytes: bytes,
+    rows: tuple[int, ...],
+    node_keys: tuple[bytes, ...],
+    n_nodes: int,
+    device: str,
+) -> _Plan:
+    from privdl.errors import PrivacyError
+    from privdl.mechanisms.correlated import _row_slots
+
+    array = np.frombuffer(edge_bytes, dtype=np.int64).reshape(-1, 2)
+    position = np.full(n_nodes, -1, dtype=np.int64)
+    position[list(rows)] = np.arange(len(rows))
+    lower, upper = position[array[:, 0]], position[array[:, 1]]
+    needed = np.flatnonzero((lower >= 0) | (upper >= 0)) if edge_keys else np.zeros(0, np.int64)
+    keys = [edge_keys[e] for e in needed.tolist()]
+    if any(key is None for key in keys):
+        missing = array[needed[[k is None for k in keys]][0]].tolist()
+        raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
+    ends, slot_edge, sign = _row_slots(lower[needed], upper[needed])
+    indptr = np.searchsorted(ends, np.arange(len(rows) + 1))
+    all_keys = [_check_key(k) for k in keys] + [_check_key(k) for k in node_keys]
+    words = np.frombuffer(b"".join(all_keys), dtype="<u4").reshape(-1, 8).view(np.int32)
+    dev = torch.device(device)
+
+    def up(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(a, dtype=np.int32)).to(dev)  # a writable copy
+
+    return _Plan(
+        key_words=up(words if len(words) else np.zeros((0, 8))),
+        indptr=up(indptr),
+        slot_stream=up(slot_edge),
+        slot_sign=up(sign),
+        max_degree=int(np.diff(indptr).max()) if len(rows) else 0,
+        node_base=len(keys),
+        n_rows=len(rows),
+    )
+
+
+def fused_decor_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    sigma_cdp: float,
+    device: torch.device | str,
+    nodes: Sequence[int] | None = None,
+    substream: int = 0,
+) -> torch.Tensor:
+    """Rows ``sigma_cor * sum_{j in N_i} (+-z_ij) + sigma_cdp * z_i`` for ``nodes`` (all if None).
+
+    ``node_keys[r]`` is the noise key of the r-th requested row. ``sigma_cor = 0`` (or no edges)
+    leaves the correlated part out; ``sigma_cdp = 0`` the independent one. The values equal
+    ``correlated_noise(...) + independent_noise(...)`` of the ``chacha20`` backend (module doc).
+    Returns ``(rows, size)`` float32 on ``device``.
+    """
+    from privdl.errors import PrivacyError
+
+    if triton is None:
+        raise PrivacyError("fused noise needs Triton")
+    device = torch.device(device)
+    rows = tuple(range(n_nodes)) if nodes is None else tuple(int(r) for r in nodes)
+    has_cor, has_node = sigma_cor > 0.0, sigma_cdp > 0.0
+    if has_node and len(node_keys) != len(rows):
+        raise PrivacyError(f"got {len(node_keys)} node keys for {len(rows)} rows")
+    if not (has_cor or has_node) or size == 0 or not rows:
+        return torch.zeros((len(rows), size), dtype=torch.float32, device=device)
+    edge_bytes, n_edges = _checked_edges(edges, n_nodes) if has_cor else (b"", 0)
+    if has_cor and len(edge_keys) != n_edges:
+        raise PrivacyError(f"got {len(edge_keys)} edge keys for {n_edges} edges")
+    plan = _plan(
+        tuple(edge_keys) if has_cor else (),
+        edge_bytes,
+        rows,
+        tuple(node_keys) if has_node else (),
+        n_nodes,
+        str(device),
+    )
+    has_cor = has_cor and len(plan.slot_stream) > 0
+    if not (has_cor or has_node):  # no requested row has an edge
+        return torch.zeros((len(rows), size), dtype=torch.float32, device=device)
+    m = row_pairs(size)
+    if 12 * m > _MAX_STREAM_BYTES:
+        raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
+    n_blocks = (12 * m // 4 + 15) // 16  # 3m keystream words of 32 bits, in 64-byte blocks
+    nonce = np.frombuffer(_nonce(counter, substream)[4:], dtype="<u4").tolist()
+    streams = plan.key_words.shape[0]
+    ks = torch.empty((streams, n_blocks * 16), dtype=torch.int32, device=device)
+    grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), streams)
+    _keystream_kernel[grid](plan.key_words, ks, n_blocks, *nonce, BLOCK=_KEYSTREAM_BLOCK)
+    out = torch.empty((plan.n_rows, size), dtype=torch.float32, device=device)
+    grid = (triton.cdiv(m, _PAIR_BLOCK), plan.n_rows)
+    _noise_kernel[grid](
+        ks.view(torch.int64),
+        ks,
+        n_blocks * 8,
+        n_blocks * 16,
+        m,
+        size,
+        plan.indptr,
+        plan.slot_stream,
+        plan.slot_sign,
+        plan.node_base,
+        float(sigma_cor),
+        float(sigma_cdp),
+        float(np.float32(_ANGLE_STEP)),
+        out,
+        HAS_COR=has_cor,
+        HAS_NODE=has_node,
+        MAX_DEGREE=plan.max_degree,
+        BLOCK=_PAIR_BLOCK,
+        enable_fp_fusion=False,  # no FMA: the composed path rounds every product before it adds
+    )
+    return out
