@@ -493,17 +493,17 @@ REPRODUCTIONS = [
         paper="Robust-HDP (ICML 2024)",
         description="Table 12: MNIST accuracy of RHDP and baselines over eps distributions",
         run=_accuracy_table("robust-hdp-mnist"),
-        full_runtime="one 20-client CNN round measured 606 s on 2 loaded CPU cores, so ~34 h "
-        "per (method, dist) and ~75 days for 54 cells on CPU; hours on one GPU (use --set "
-        "methods=/dists= to fit a budget)",
+        full_runtime="one 20-client CNN round measured 126 s on 2 quiet CPU cores (2026-11-23), "
+        "so ~7 h per (method, dist) and ~15 days for 54 cells on CPU; ~17 min per cell and "
+        "~15 h for the table on one H100 (use --set methods=/dists= to fit a budget)",
     ),
     Reproduction(
         name="robust-hdp-fmnist",
         paper="Robust-HDP (ICML 2024)",
         description="Table 13: Fashion-MNIST accuracy of RHDP and baselines",
         run=_accuracy_table("robust-hdp-fmnist"),
-        full_runtime="as robust-hdp-mnist (same CNN size and clients): ~34 h per cell on 2 "
-        "CPU cores; hours on one GPU",
+        full_runtime="as robust-hdp-mnist (same CNN size and clients): ~7 h per cell on 2 "
+        "CPU cores, ~17 min on one H100",
     ),
     Reproduction(
         name="robust-hdp-cifar10",
@@ -517,7 +517,7 @@ REPRODUCTIONS = [
         paper="Robust-HDP (ICML 2024)",
         description="Fig. 5 right: a client reports a larger eps; WeiAvg/PFA degrade, RHDP not",
         run=run_falsified,
-        full_runtime="24 CNN runs x 200 rounds: ~34 h each on 2 CPU cores (measured round); "
-        "GPU only in practice",
+        full_runtime="24 CNN runs x 200 rounds: ~7 h each on 2 CPU cores (measured round), "
+        "~17 min each on one H100; GPU only in practice",
     ),
 ]
