@@ -167,3 +167,58 @@ def test_partial_report_after_each_cell(tmp_path, monkeypatch) -> None:
     report = (tmp_path / "report.md").read_text()
     assert "PARTIAL" in report and "not run (73.55)" in report
     assert "| weiavg | " in report and "(29.65, " in report  # paper Table 14, Dist3, WeiAvg
+
+
+def test_resume_continues_a_cut_off_run_bit_for_bit(tmp_path, monkeypatch) -> None:
+    """Cut a run mid-cell, resume it: the same numbers as an uninterrupted run, with the
+    finished work kept (the checkpoint holds Robust-HDP's frozen RPCA estimates too)."""
+    import privdl.experiments.robust_hdp as rh
+    from privdl.algorithms.federated import FederatedDPSGD
+    from privdl.errors import ConfigError
+
+    rep = get("robust-hdp-cifar10")
+    opts = dict(quick=True, device="cpu", overrides={"methods": "robust-hdp,weiavg", "rounds": "4"})
+    whole = rep.run(tmp_path / "whole", **opts)
+
+    monkeypatch.setattr(rh, "CHECKPOINT_EVERY_S", 0.0)  # a checkpoint after every round
+    real_step, seen = FederatedDPSGD.step, []
+
+    def counting(self, state):
+        if len(seen) == limit[0]:
+            raise KeyboardInterrupt
+        seen.append(state.round)
+        return real_step(self, state)
+
+    limit = [2]  # robust-hdp's rounds 0 and 1, then cut
+    monkeypatch.setattr(FederatedDPSGD, "step", counting)
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        rep.run(cut, **opts)
+    assert (cut / "cells" / "robust-hdp_Dist3_seed1.pt").exists()
+    with pytest.raises(ConfigError, match="--resume"):  # nothing is overwritten silently
+        rep.run(cut, **opts)
+
+    seen.clear()
+    limit[0] = 99
+    resumed = rep.run(cut, **opts, resume=True)
+    assert seen == [2, 3, 0, 1, 2, 3]  # robust-hdp continued at round 2, then weiavg
+    assert resumed["results"] == whole["results"]  # accuracy, weights, noise: bit for bit
+    assert sorted(p.name for p in (cut / "cells").iterdir()) == [
+        "robust-hdp_Dist3_seed1.json",
+        "weiavg_Dist3_seed1.json",
+    ]
+
+    seen.clear()
+    again = rep.run(cut, **opts, resume=True)  # every cell kept: nothing trains
+    assert seen == [] and again["results"] == whole["results"]
+    other = dict(opts, overrides={"methods": "robust-hdp", "rounds": "5"})
+    with pytest.raises(ConfigError, match="other settings"):
+        rep.run(cut, **other, resume=True)
+
+
+def test_resume_flag_is_refused_where_a_reproduction_cannot_resume(capsys) -> None:
+    from privdl.cli.main import main
+
+    assert main(["reproduce", "decor-fig2", "--quick", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume" in err[0]

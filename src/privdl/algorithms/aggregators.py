@@ -85,6 +85,15 @@ class Aggregator(ABC):
     def __call__(self, inp: AggregationInput) -> AggregationResult:
         """Weights for this round."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the rule carries from round to round (for checkpoints); none by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a resumed run continues exactly)."""
+        if state:
+            raise ConfigError(f"aggregator {self.name} keeps no state; got {sorted(state)}")
+
 
 def _normalise(w: Tensor) -> Tensor:
     if bool((w < 0).any()) or not bool(w.sum() > 0):
@@ -226,6 +235,14 @@ class RobustHDP(Aggregator):
         sigma2 = torch.tensor([self.sigma2[i] for i in ids], dtype=torch.float64)
         w = inverse_variance_weights(sigma2).to(inp.updates)
         return AggregationResult(w, inp.updates, {"sigma2_hat": sigma2, "estimated": due})
+
+    def state_dict(self) -> dict[str, Any]:
+        """The noise estimates so far and the round of the last estimate (frozen weights)."""
+        return {"sigma2": dict(self.sigma2), "estimated_at": self.estimated_at}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sigma2 = {int(k): float(v) for k, v in state["sigma2"].items()}
+        self.estimated_at = state["estimated_at"]
 
 
 AGGREGATORS = ("robust-hdp", "oracle", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg")

@@ -20,6 +20,11 @@ from privdl.errors import ConfigError
 @click.option("--data-dir", help="Where dataset files are looked up first.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep the finished cells in --out and continue the cut-off one (Robust-HDP tables).",
+)
+@click.option(
     "--set",
     "overrides",
     multiple=True,
@@ -33,6 +38,7 @@ def reproduce(
     out: str | None,
     data_dir: str | None,
     device: str,
+    resume: bool,
     overrides: tuple[str, ...],
 ) -> None:
     """Reproduce a paper figure/table: writes report.md, PNG figures and summary.json."""
@@ -56,6 +62,10 @@ def reproduce(
         if "device" not in accepted:
             raise ConfigError(f"reproduction {name!r} runs on the CPU only; drop --device")
         kwargs["device"] = _check_device(device)
+    if resume:
+        if "resume" not in accepted:
+            raise ConfigError(f"reproduction {name!r} cannot resume; drop --resume")
+        kwargs["resume"] = True
     if overrides:
         if "overrides" not in accepted:
             raise ConfigError(f"reproduction {name!r} takes no --set overrides")

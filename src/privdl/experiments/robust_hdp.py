@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from privdl.algorithms.federated import (
 )
 from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
-from privdl.errors import ConfigError
+from privdl.errors import ConfigError, DataError
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.models import build_model
 from privdl.robust import RPCANotConvergedWarning
@@ -123,6 +126,91 @@ def _federated_data(dataset: str, *, n_clients: int, per_client: int, data_dir, 
     )
 
 
+CHECKPOINT_EVERY_S = 60.0  # a cut-off cell loses at most this much work
+
+
+def _save_checkpoint(path: Path, key, state, aggregator, last_weights) -> None:
+    """Write the run's state atomically (a temporary file, then a rename)."""
+    blob = {
+        "key": key,
+        "round": state.round,
+        "theta": {k: v.detach().cpu() for k, v in state.theta.items()},
+        "participated": state.participated.cpu(),
+        "generator": state.generator.get_state(),
+        "aggregator": aggregator.state_dict(),
+        "last_weights": last_weights.cpu(),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, key, state, aggregator, dev: torch.device):
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+        raise DataError(f"cannot read checkpoint {path}: {exc}") from None
+    if blob.get("key") != key:
+        raise ConfigError(
+            f"checkpoint {path} was made with other settings; use another --out for a new run"
+        )
+    state.generator.set_state(blob["generator"])
+    aggregator.load_state_dict(blob["aggregator"])
+    theta = {k: v.to(dev) for k, v in blob["theta"].items()}
+    state = replace(state, theta=theta, round=int(blob["round"]), participated=blob["participated"])
+    return state, blob["last_weights"]
+
+
+class CellStore:
+    """Finished cells of a table reproduction, one JSON file each under ``out_dir/cells``, and
+    the checkpoint of the cell in progress, so ``privdl reproduce ... --resume`` continues a run
+    that was cut off (a time limit, a lost machine) instead of starting again.
+
+    Without ``resume`` a folder that already holds cells is refused (nothing is overwritten).
+    A cell or checkpoint is reused only if it was made with the same settings (its ``key``).
+    """
+
+    def __init__(self, out_dir: Path, *, resume: bool) -> None:
+        self.dir = Path(out_dir) / "cells"
+        if not resume and self.dir.is_dir() and any(self.dir.iterdir()):
+            raise ConfigError(
+                f"{out_dir} holds cells of an earlier run: pass --resume to continue it, or "
+                "--out DIR for a new one"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint(self, name: str) -> Path:
+        return self.dir / f"{name}.pt"
+
+    def load(self, name: str, key: dict[str, Any]) -> dict[str, Any] | None:
+        path = self.dir / f"{name}.json"
+        if not path.exists():
+            return None
+        blob = json.loads(path.read_text())
+        if blob.get("key") != key:
+            raise ConfigError(
+                f"cell {path} was run with other settings; use another --out for a new run"
+            )
+        return blob["result"]
+
+    def save(self, name: str, key: dict[str, Any], result: dict[str, Any]) -> None:
+        path = self.dir / f"{name}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"key": key, "result": result}))
+        os.replace(tmp, path)
+        self.checkpoint(name).unlink(missing_ok=True)
+
+    def run(self, name: str, key: dict[str, Any], **train: Any) -> dict[str, Any]:
+        """The cell's result: from an earlier run, or trained now (resuming its checkpoint)."""
+        done = self.load(name, key)
+        if done is not None:
+            _progress(f"  {name}: kept from the earlier run")
+            return done
+        result = train_and_evaluate(**train, checkpoint=self.checkpoint(name), key=key)
+        self.save(name, key, result)
+        return result
+
+
 def train_and_evaluate(
     *,
     model_name: str,
@@ -138,10 +226,17 @@ def train_and_evaluate(
     seed: int,
     rpca: dict[str, Any],
     device: str | torch.device = "cpu",
+    checkpoint: Path | None = None,
+    key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One federated run on ``device``; returns accuracy, final weights and the true aggregate
     noise. Robust-HDP estimates its weights once, after round 1, and freezes them (the reference
-    code's schedule, spec A1 "freeze_after_first" for Tables 12-14), so RPCA runs once per run."""
+    code's schedule, spec A1 "freeze_after_first" for Tables 12-14), so RPCA runs once per run.
+
+    With ``checkpoint``, the run's state (server model, round, participation, generator state,
+    the aggregator's estimates) is saved there every :data:`CHECKPOINT_EVERY_S` seconds, and a
+    run that finds one made with the same ``key`` continues from it; the result is the same,
+    bit for bit, as an uninterrupted run's (tested)."""
     dev = torch.device(device)
     model = build_model(model_name, in_shape=ds.input_shape, n_classes=ds.n_classes)
     private = method != "fedavg"
@@ -159,17 +254,27 @@ def train_and_evaluate(
         n_nodes=1, generator=torch.Generator().manual_seed(seed), dtype=torch.float32, device=dev
     )
     state = fl.init(params, seed=seed)
+    last_weights = None
+    if checkpoint is not None and checkpoint.exists():
+        state, last_weights = _load_checkpoint(checkpoint, key, state, fl.aggregator, dev)
+        _progress(f"  {method}: resumed at round {state.round}/{rounds} from {checkpoint}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RPCANotConvergedWarning)
-        started = time.perf_counter()
-        for r in range(rounds):
+        started = saved = time.perf_counter()
+        for r in range(state.round, rounds):
             state, info = fl.step(state)
+            last_weights = info["weights"]
+            if checkpoint is not None and time.perf_counter() - saved >= CHECKPOINT_EVERY_S:
+                _save_checkpoint(checkpoint, key, state, fl.aggregator, last_weights)
+                saved = time.perf_counter()
             if rounds >= 20 and (r + 1) % max(1, rounds // 10) == 0:  # a cell can take minutes
                 _progress(
                     f"  {method}: round {r + 1}/{rounds}, {time.perf_counter() - started:.0f} s"
                 )
+    if last_weights is None:
+        raise ConfigError(f"rounds must be >= 1, got {rounds}")
     acc = evaluate_clients(model, state.theta, test)["accuracy"]
-    w = info["weights"].double().cpu().numpy()
+    w = last_weights.double().cpu().numpy()
     # Table 3's normalisation: sigma_i^2 / (p eta_l^2), so methods with different lrs compare
     s = (
         fl.true_update_variance() / (model.num_parameters() * lr**2)
@@ -314,8 +419,11 @@ def _accuracy_table(preset_name: str):
         data_dir: str | None = None,
         device: str = "cpu",
         overrides: dict[str, str] | None = None,
+        resume: bool = False,
     ) -> dict[str, Any]:
-        """Tables 12-14 (spec §5); ``overrides``: dists, methods, rounds, seeds."""
+        """Tables 12-14 (spec §5); ``overrides``: dists, methods, rounds, seeds. ``resume``
+        keeps the finished cells of an earlier run in ``out_dir`` and continues its cut-off
+        cell (:class:`CellStore`)."""
         pre = load_preset(preset_name)
         mode = pre["quick" if quick else "full"]
         opt = parse_overrides(overrides, accepted=TABLE_OVERRIDES, methods=METHODS)
@@ -343,13 +451,24 @@ def _accuracy_table(preset_name: str):
         elapsed: dict[str, float] = {}
         summary: dict[str, Any] = {}
         t_start, total, done = time.perf_counter(), len(dists) * len(methods), 0
+        store = CellStore(out_dir, resume=resume)
         for dist in dists:
             d = int(dist[4:]) - 1
             eps = list(EPS_LISTS_20[dist][:n])
             for method in methods:
                 t0 = time.perf_counter()
                 runs = [
-                    train_and_evaluate(
+                    store.run(
+                        f"{method}_{dist}_seed{s}",
+                        {
+                            "preset": preset_name,
+                            "quick": quick,
+                            "rounds": rounds,
+                            "clients": n,
+                            "per_client": per,
+                            "device": torch.device(device).type,
+                            "rpca": rpca,
+                        },
                         model_name=mode["model"],
                         ds=ds,
                         train=train,
@@ -405,10 +524,11 @@ def run_falsified(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Spec §6: client 0 (true eps 0.95 in Dist5) reports eps' > 0.95 to the server.
 
-    ``overrides``: ``rounds``."""
+    ``overrides``: ``rounds``; ``resume``: as for the tables (:class:`CellStore`)."""
     opt = parse_overrides(overrides, accepted=("rounds",), methods=())
     n, per, rounds = (6, 200, 2) if quick else (20, 3000, 200)
     rounds = opt.get("rounds", rounds)
@@ -421,11 +541,20 @@ def run_falsified(
     lrs = load_preset("robust-hdp-mnist")["lr"]
     rpca = {"chunk_rows": 1000, "max_iter": 500} if quick else {"max_iter": 5000}
     results: dict[str, list[dict[str, Any]]] = {}
+    store = CellStore(out_dir, resume=resume)
+    key = {
+        "preset": "robust-hdp-falsified",
+        "quick": quick,
+        "rounds": rounds,
+        "device": torch.device(device).type,
+    }
     for method in ("robust-hdp", "weiavg", "pfa", "dpfedavg"):
         for fake in grid:
             reported = [fake, *eps[1:]]
             results.setdefault(method, []).append(
-                train_and_evaluate(
+                store.run(
+                    f"{method}_reported{fake:g}",
+                    key,
                     model_name=model_name,
                     ds=ds,
                     train=train,
