@@ -307,19 +307,20 @@ class FederatedDPSGD:
         chosen = torch.randperm(self.n, generator=gen, device=gen.device)[:k].cpu()
         return torch.zeros(self.n, dtype=torch.bool).index_fill_(0, chosen, True)
 
-    def _batch(self, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Poisson batches (q_i = b_i / N_i) of all clients, left-packed ``(n, L)`` with a mask."""
+    def _batch(self, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """Poisson batches (q_i = b_i / N_i) of all clients, left-packed ``(n, N_max)`` with a
+        mask, and each client's batch size ``(n,)``. No value is read back to the host here: on
+        a GPU the caller reads the one width it needs (one sync per local step)."""
         counts = self._counts
         width = self.data.x.shape[1]
         valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
         if self.config.sampling == "full":
-            return torch.arange(width, device=counts.device).expand(self.n, width), valid
+            return torch.arange(width, device=counts.device).expand(self.n, width), valid, counts
         u = torch.rand(self.n, width, generator=gen, device=gen.device).to(counts.device)
         rate = torch.as_tensor(self.batch_sizes / self.num_samples, device=counts.device)
         join = (u.double() < rate[:, None]) & valid
-        length = max(1, int(join.sum(1).max()))
-        order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)[:, :length]
-        return order, torch.gather(join, 1, order)
+        order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)
+        return order, torch.gather(join, 1, order), join.sum(1)
 
     def local_updates(self, theta: Tree, active: Tensor, gen: torch.Generator) -> Tree:
         """``Delta_i`` of the clients this process runs (``self.rows``; all in the simulator),
@@ -336,19 +337,19 @@ class FederatedDPSGD:
         b = torch.as_tensor(self.batch_sizes, dtype=dtype, device=dev)[rows]
         z_all = torch.as_tensor(self.noise_multipliers, dtype=dtype, device=dev)
         noise_scale = (cfg.clip_norm * z_all[rows] / b).reshape(-1, 1)
-        steps = torch.as_tensor(self.local_steps, device=dev)
+        steps = torch.as_tensor(self.local_steps)  # host-side bookkeeping: no GPU reads
         clip = ClipSpec("per_sample", cfg.clip_norm) if cfg.private else ClipSpec()
-        act = active.to(dev)
+        act, rows_host = active.cpu(), rows.cpu()
         for k in range(int(steps[act].max()) if bool(act.any()) else 0):
             # gradients only for the clients still running (E_i differs: b_i = 128 stops after
             # 19 steps, b_i = 16 runs 150); every client's batch and noise are still drawn, so
             # the generator advances the same way whatever is computed
-            live = torch.nonzero((act & (k < steps))[rows]).squeeze(1)
-            index, mask = self._batch(gen)
+            live = torch.nonzero((act & (k < steps))[rows_host]).squeeze(1).to(dev)
+            index, mask, sizes = self._batch(gen)
             if self.sharded:
-                index, mask = index[rows], mask[rows]
+                index, mask, sizes = index[rows], mask[rows], sizes[rows]
             index, mask = index[live], mask[live]
-            width = max(1, int(mask.sum(1).max())) if len(live) else 1
+            width = max(1, int(sizes[live].max())) if len(live) else 1  # the one GPU read
             index, mask = index[:, :width], mask[:, :width]  # batches are left-packed
             noise = {}
             if cfg.private:  # all n clients' noise, then the held rows (sharding-free)
