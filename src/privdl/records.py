@@ -38,6 +38,16 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def save_torch_atomic(path: Path, obj: Any) -> None:
+    """``torch.save`` to ``path`` through a temporary file and a rename (never half-written)."""
+    import torch
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,12 +138,7 @@ class RunRecords:
                 continue
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        import torch
-
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".checkpoint.")
-        os.close(fd)
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        save_torch_atomic(self.checkpoint_path, state)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         import torch

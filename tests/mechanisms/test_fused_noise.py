@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from privdl.mechanisms import fused_noise
+from privdl.mechanisms import fused_noise, prng
 from privdl.mechanisms.correlated import correlated_noise
 from privdl.mechanisms.prng import keystream, normal_streams
 from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
@@ -55,7 +55,7 @@ def test_keystream_kernel_is_openssl_chacha20_bit_for_bit() -> None:
     key_words = torch.from_numpy(words.copy()).to(DEVICE)
     out = torch.empty((3, n_blocks * 16), dtype=torch.int32, device=DEVICE)
     nonce = np.frombuffer(fused_noise._nonce(counter, substream)[4:], dtype="<u4").tolist()
-    fused_noise._keystream_kernel[(1, 3)](key_words, out, n_blocks, *nonce, BLOCK=64)
+    prng._chacha20_kernel[(1, 3)](key_words, out, n_blocks, *nonce, BLOCK=64)
     for k, key in enumerate(keys):
         want = keystream(key, counter, n_blocks * 64, substream=substream)
         assert out[k].cpu().numpy().tobytes() == want

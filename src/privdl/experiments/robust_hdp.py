@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -35,6 +34,7 @@ from privdl.data.batching import StackedData
 from privdl.errors import ConfigError, DataError
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.models import build_model
+from privdl.records import save_torch_atomic, write_json_atomic
 from privdl.robust import RPCANotConvergedWarning
 from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
 
@@ -130,7 +130,7 @@ CHECKPOINT_EVERY_S = 60.0  # a cut-off cell loses at most this much work
 
 
 def _save_checkpoint(path: Path, key, state, aggregator, last_weights) -> None:
-    """Write the run's state atomically (a temporary file, then a rename)."""
+    """Write the run's state (atomically: :func:`privdl.records.save_torch_atomic`)."""
     blob = {
         "key": key,
         "round": state.round,
@@ -140,9 +140,7 @@ def _save_checkpoint(path: Path, key, state, aggregator, last_weights) -> None:
         "aggregator": aggregator.state_dict(),
         "last_weights": last_weights.cpu(),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
+    save_torch_atomic(path, blob)
 
 
 def _load_checkpoint(path: Path, key, state, aggregator, dev: torch.device):
@@ -194,10 +192,7 @@ class CellStore:
         return blob["result"]
 
     def save(self, name: str, key: dict[str, Any], result: dict[str, Any]) -> None:
-        path = self.dir / f"{name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "result": result}))
-        os.replace(tmp, path)
+        write_json_atomic(self.dir / f"{name}.json", {"key": key, "result": result})
         self.checkpoint(name).unlink(missing_ok=True)
 
     def run(self, name: str, key: dict[str, Any], **train: Any) -> dict[str, Any]:

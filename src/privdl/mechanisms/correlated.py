@@ -94,6 +94,29 @@ def correlated_noise(
     array = as_edge_array(edges, n_nodes)
     if len(edge_keys) != len(array):
         raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
+    rows, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
+    device = torch.device(device)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.zeros((len(rows), size), dtype=work, device=device)
+    if len(keys) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
+        z = normal_streams(keys, counter, size, dtype=work, device=device, backend=backend)
+        if device.type == "cpu":
+            _signed_sum_cpu(out, z, lower, upper, sigma_cor)
+        else:
+            _accumulate_signed(out, z, lower, upper)
+            out.mul_(sigma_cor)
+    return out.to(dtype=dtype)
+
+
+def incident_edges(
+    edge_keys: Sequence[bytes | None],
+    array: np.ndarray,
+    n_nodes: int,
+    nodes: Sequence[int] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
+    """The requested rows (all nodes if ``nodes`` is None) and the edges incident to them, in
+    edge order: each such edge's output row at its lower and at its upper endpoint (-1 where that
+    endpoint is not requested) and its secret. ``array`` is the checked ``(|E|, 2)`` edge array."""
     if nodes is None:
         rows = np.arange(n_nodes)
     else:
@@ -108,17 +131,7 @@ def correlated_noise(
     if any(key is None for key in keys):
         missing = array[needed[[k is None for k in keys]][0]].tolist()
         raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
-    device = torch.device(device)
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    out = torch.zeros((len(rows), size), dtype=work, device=device)
-    if len(needed) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
-        z = normal_streams(keys, counter, size, dtype=work, device=device, backend=backend)  # type: ignore[arg-type]
-        if device.type == "cpu":
-            _signed_sum_cpu(out, z, lower[needed], upper[needed], sigma_cor)
-        else:
-            _accumulate_signed(out, z, lower[needed], upper[needed])
-            out.mul_(sigma_cor)
-    return out.to(dtype=dtype)
+    return rows, lower[needed], upper[needed], keys  # type: ignore[return-value]
 
 
 @cache

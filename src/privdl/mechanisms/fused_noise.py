@@ -3,7 +3,7 @@
 The composed path (:func:`privdl.mechanisms.correlated.correlated_noise` plus
 :func:`~privdl.mechanisms.correlated.independent_noise`) launches one keystream kernel per kind
 of stream, about ten elementwise kernels of Box-Muller per call, a gather and an ``addcmul`` per
-degree slot, and copies the slot tables and stream states to the GPU at every step. On a GPU a
+degree slot, and copies the slot tables and stream keys to the GPU at every step. On a GPU a
 step of the DECOR MNIST setting is launch-bound, so that cost about as much as the gradients.
 
 Here (DECOR Alg. 1 line 3; matrix form Alg. 4, ``N = K Z`` plus the independent ``vbar``):
@@ -53,7 +53,7 @@ _KEYSTREAM_BLOCK = 256  # ChaCha20 blocks per program
 _PAIR_BLOCK = 1024  # Box-Muller pairs per program
 
 if triton is not None:
-    from privdl.mechanisms.prng import _quarter
+    from privdl.mechanisms.prng import _chacha20_kernel
 
     if _INTERPRET:  # the interpreter has no libdevice; its numpy functions stand in
 
@@ -83,61 +83,6 @@ if triton is not None:
         @triton.jit
         def _sin(x):
             return libdevice.sin(x)
-
-    @triton.jit
-    def _keystream_kernel(key_ptr, out_ptr, n_blocks, n0, n1, n2, BLOCK: tl.constexpr):
-        """RFC 8439 block function: stream ``program_id(1)`` with key words ``key_ptr[s, 0:8]``,
-        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program."""
-        stream = tl.program_id(1)
-        block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = block < n_blocks
-        base = key_ptr + stream * 8
-        zero = tl.zeros([BLOCK], dtype=tl.uint32)
-        s0 = zero + 0x61707865  # "expand 32-byte k"
-        s1 = zero + 0x3320646E
-        s2 = zero + 0x79622D32
-        s3 = zero + 0x6B206574
-        s4 = tl.load(base + 0).to(tl.uint32, bitcast=True) + zero
-        s5 = tl.load(base + 1).to(tl.uint32, bitcast=True) + zero
-        s6 = tl.load(base + 2).to(tl.uint32, bitcast=True) + zero
-        s7 = tl.load(base + 3).to(tl.uint32, bitcast=True) + zero
-        s8 = tl.load(base + 4).to(tl.uint32, bitcast=True) + zero
-        s9 = tl.load(base + 5).to(tl.uint32, bitcast=True) + zero
-        s10 = tl.load(base + 6).to(tl.uint32, bitcast=True) + zero
-        s11 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
-        s12 = block.to(tl.uint32)
-        wide = tl.zeros([BLOCK], dtype=tl.int64)  # the nonce words may arrive as constants (1)
-        s13 = (wide + n0).to(tl.uint32)
-        s14 = (wide + n1).to(tl.uint32)
-        s15 = (wide + n2).to(tl.uint32)
-        x0, x1, x2, x3, x4, x5, x6, x7 = s0, s1, s2, s3, s4, s5, s6, s7
-        x8, x9, x10, x11, x12, x13, x14, x15 = s8, s9, s10, s11, s12, s13, s14, s15
-        for _ in range(10):
-            x0, x4, x8, x12 = _quarter(x0, x4, x8, x12)
-            x1, x5, x9, x13 = _quarter(x1, x5, x9, x13)
-            x2, x6, x10, x14 = _quarter(x2, x6, x10, x14)
-            x3, x7, x11, x15 = _quarter(x3, x7, x11, x15)
-            x0, x5, x10, x15 = _quarter(x0, x5, x10, x15)
-            x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
-            x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
-            x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
-        out = out_ptr + stream.to(tl.int64) * n_blocks * 16 + block * 16
-        tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 2, (x2 + s2).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 3, (x3 + s3).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 4, (x4 + s4).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 5, (x5 + s5).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 6, (x6 + s6).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 7, (x7 + s7).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 8, (x8 + s8).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 9, (x9 + s9).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 10, (x10 + s10).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 11, (x11 + s11).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 12, (x12 + s12).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 13, (x13 + s13).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 14, (x14 + s14).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 15, (x15 + s15).to(tl.int32, bitcast=True), mask=inside)
 
     @triton.jit
     def _pair(ks64_ptr, ks32_ptr, stream, row64, row32, m, j, inside, angle_step):
@@ -263,19 +208,11 @@ def _plan(
     n_nodes: int,
     device: str,
 ) -> _Plan:
-    from privdl.errors import PrivacyError
-    from privdl.mechanisms.correlated import _row_slots
+    from privdl.mechanisms.correlated import _row_slots, incident_edges
 
     array = np.frombuffer(edge_bytes, dtype=np.int64).reshape(-1, 2)
-    position = np.full(n_nodes, -1, dtype=np.int64)
-    position[list(rows)] = np.arange(len(rows))
-    lower, upper = position[array[:, 0]], position[array[:, 1]]
-    needed = np.flatnonzero((lower >= 0) | (upper >= 0)) if edge_keys else np.zeros(0, np.int64)
-    keys = [edge_keys[e] for e in needed.tolist()]
-    if any(key is None for key in keys):
-        missing = array[needed[[k is None for k in keys]][0]].tolist()
-        raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
-    ends, slot_edge, sign = _row_slots(lower[needed], upper[needed])
+    _, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, rows)
+    ends, slot_edge, sign = _row_slots(lower, upper)
     indptr = np.searchsorted(ends, np.arange(len(rows) + 1))
     all_keys = [_check_key(k) for k in keys] + [_check_key(k) for k in node_keys]
     words = np.frombuffer(b"".join(all_keys), dtype="<u4").reshape(-1, 8).view(np.int32)
@@ -316,7 +253,7 @@ def fused_decor_noise(
     ``correlated_noise(...) + independent_noise(...)`` of the ``chacha20`` backend (module doc).
     Returns ``(rows, size)`` float32 on ``device``.
     """
-    from privdl.errors import PrivacyError
+    from privdl.errors import ConfigError, PrivacyError
 
     if triton is None:
         raise PrivacyError("fused noise needs Triton")
@@ -329,7 +266,7 @@ def fused_decor_noise(
         return torch.zeros((len(rows), size), dtype=torch.float32, device=device)
     edge_bytes, n_edges = _checked_edges(edges, n_nodes) if has_cor else (b"", 0)
     if has_cor and len(edge_keys) != n_edges:
-        raise PrivacyError(f"got {len(edge_keys)} edge keys for {n_edges} edges")
+        raise ConfigError(f"got {len(edge_keys)} edge keys for {n_edges} edges")
     plan = _plan(
         tuple(edge_keys) if has_cor else (),
         edge_bytes,
@@ -349,7 +286,7 @@ def fused_decor_noise(
     streams = plan.key_words.shape[0]
     ks = torch.empty((streams, n_blocks * 16), dtype=torch.int32, device=device)
     grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), streams)
-    _keystream_kernel[grid](plan.key_words, ks, n_blocks, *nonce, BLOCK=_KEYSTREAM_BLOCK)
+    _chacha20_kernel[grid](plan.key_words, ks, n_blocks, *nonce, BLOCK=_KEYSTREAM_BLOCK)
     out = torch.empty((plan.n_rows, size), dtype=torch.float32, device=device)
     grid = (triton.cdiv(m, _PAIR_BLOCK), plan.n_rows)
     _noise_kernel[grid](

@@ -144,11 +144,11 @@ def keystream_to_normals(raw: torch.Tensor, size: int) -> torch.Tensor:
 
 
 _ANGLE_STEP = 2.0 * math.pi * 2.0**-32  # rounded to float32 by the float32 multiply
-_SIGMA_WORDS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 
 if triton is not None:
     # ChaCha20 keystream on CUDA: the RFC 8439 block function, as OpenSSL computes it (tests check
-    # the two bit for bit). One program writes BLOCK consecutive 64-byte blocks of one stream.
+    # the two bit for bit). One program writes BLOCK consecutive 64-byte blocks of one stream; the
+    # nonce words are scalars, so no per-step state is copied to the GPU.
 
     @triton.jit
     def _rotl(x, r):
@@ -167,28 +167,31 @@ if triton is not None:
         return a, b, c, d
 
     @triton.jit
-    def _chacha20_kernel(state_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr):
+    def _chacha20_kernel(key_ptr, out_ptr, n_blocks, n0, n1, n2, BLOCK: tl.constexpr):
+        """RFC 8439 block function: stream ``program_id(1)`` with key words ``key_ptr[s, 0:8]``,
+        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program."""
         stream = tl.program_id(1)
         block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = block < n_blocks
-        base = state_ptr + stream * 16  # per-stream initial state words 0..15 (word 12 = 0)
+        base = key_ptr + stream * 8
         zero = tl.zeros([BLOCK], dtype=tl.uint32)
-        s0 = tl.load(base + 0).to(tl.uint32, bitcast=True) + zero
-        s1 = tl.load(base + 1).to(tl.uint32, bitcast=True) + zero
-        s2 = tl.load(base + 2).to(tl.uint32, bitcast=True) + zero
-        s3 = tl.load(base + 3).to(tl.uint32, bitcast=True) + zero
-        s4 = tl.load(base + 4).to(tl.uint32, bitcast=True) + zero
-        s5 = tl.load(base + 5).to(tl.uint32, bitcast=True) + zero
-        s6 = tl.load(base + 6).to(tl.uint32, bitcast=True) + zero
-        s7 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
-        s8 = tl.load(base + 8).to(tl.uint32, bitcast=True) + zero
-        s9 = tl.load(base + 9).to(tl.uint32, bitcast=True) + zero
-        s10 = tl.load(base + 10).to(tl.uint32, bitcast=True) + zero
-        s11 = tl.load(base + 11).to(tl.uint32, bitcast=True) + zero
+        s0 = zero + 0x61707865  # "expand 32-byte k"
+        s1 = zero + 0x3320646E
+        s2 = zero + 0x79622D32
+        s3 = zero + 0x6B206574
+        s4 = tl.load(base + 0).to(tl.uint32, bitcast=True) + zero
+        s5 = tl.load(base + 1).to(tl.uint32, bitcast=True) + zero
+        s6 = tl.load(base + 2).to(tl.uint32, bitcast=True) + zero
+        s7 = tl.load(base + 3).to(tl.uint32, bitcast=True) + zero
+        s8 = tl.load(base + 4).to(tl.uint32, bitcast=True) + zero
+        s9 = tl.load(base + 5).to(tl.uint32, bitcast=True) + zero
+        s10 = tl.load(base + 6).to(tl.uint32, bitcast=True) + zero
+        s11 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
         s12 = block.to(tl.uint32)
-        s13 = tl.load(base + 13).to(tl.uint32, bitcast=True) + zero
-        s14 = tl.load(base + 14).to(tl.uint32, bitcast=True) + zero
-        s15 = tl.load(base + 15).to(tl.uint32, bitcast=True) + zero
+        wide = tl.zeros([BLOCK], dtype=tl.int64)  # the nonce words may arrive as constants (1)
+        s13 = (wide + n0).to(tl.uint32)
+        s14 = (wide + n1).to(tl.uint32)
+        s15 = (wide + n2).to(tl.uint32)
         x0, x1, x2, x3, x4, x5, x6, x7 = s0, s1, s2, s3, s4, s5, s6, s7
         x8, x9, x10, x11, x12, x13, x14, x15 = s8, s9, s10, s11, s12, s13, s14, s15
         for _ in range(10):
@@ -229,17 +232,14 @@ def _chacha20_words_cuda(
 ) -> torch.Tensor:
     """Keystream words (len(keys), n_words) as int64, generated on the GPU."""
     n_blocks = (n_words + 7) // 8
-    nonce_words = np.frombuffer(nonce[4:], dtype="<u4")
-    state = np.empty((len(keys), 16), dtype=np.uint32)
-    state[:, 0:4] = _SIGMA_WORDS
-    state[:, 4:12] = np.frombuffer(b"".join(keys), dtype="<u4").reshape(len(keys), 8)
-    state[:, 12] = 0
-    state[:, 13:16] = nonce_words
-    state_gpu = torch.from_numpy(state.view(np.int32)).to(device)
+    key_words = np.frombuffer(b"".join(keys), dtype="<u4").reshape(len(keys), 8).view(np.int32)
+    key_gpu = torch.from_numpy(key_words.copy()).to(device)
     out = torch.empty((len(keys), n_blocks * 16), dtype=torch.int32, device=device)
     block = 256
     grid = (-(-n_blocks // block), len(keys))
-    kernel[grid](state_gpu, out, n_blocks, BLOCK=block)
+    kernel[grid](
+        key_gpu, out, n_blocks, *np.frombuffer(nonce[4:], dtype="<u4").tolist(), BLOCK=block
+    )
     return out.view(torch.int64)[:, :n_words]
 
 
