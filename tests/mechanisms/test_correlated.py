@@ -276,3 +276,41 @@ def test_cpu_kernel_equals_the_torch_accumulation_bitwise(spec, dtype, nodes) ->
     got = torch.empty_like(expected)
     cm._signed_sum_cpu(got, z, lower[needed], upper[needed], 0.37)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["aes-ziggurat", "chacha20", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sigmas", [(0.7, 0.3), (0.7, 0.0), (0.0, 0.3)])
+@pytest.mark.parametrize("nodes", [None, [9, 2, 4]])
+def test_cpu_decor_noise_equals_the_composed_draws_bitwise(backend, dtype, sigmas, nodes) -> None:
+    """decor_noise's one-call CPU path (one batch of streams, one fused kernel) gives
+    correlated_noise(...) + independent_noise(...) exactly, whole or for a subset of nodes."""
+    from privdl.mechanisms.correlated import decor_noise
+
+    _, edges, keys = _setup("torus", seed=4)
+    sigma_cor, sigma_cdp = sigmas
+    rows = list(range(16)) if nodes is None else nodes
+    own = [bytes([7, r]) * 16 for r in rows]  # a node's private key, 32 bytes
+    size = 70_001 if nodes is None else 4099  # the larger one is split over worker threads
+    kw = {"dtype": dtype, "backend": backend}
+    got = decor_noise(
+        keys, edges, 16, own, 5, size, sigma_cor=sigma_cor, sigma_cdp=sigma_cdp, nodes=nodes, **kw
+    )
+    cor = correlated_noise(keys, edges, 16, 5, size, sigma_cor=sigma_cor, nodes=nodes, **kw)
+    ind = independent_noise(own, 5, size, sigma=sigma_cdp, **kw)
+    if sigma_cor == 0:
+        expected = ind
+    elif sigma_cdp == 0:
+        expected = cor
+    else:
+        expected = cor + ind
+    assert got.dtype == dtype and torch.equal(got, expected)
+    assert got.abs().min() > 0  # the sum really was formed (no zero rows left behind)
+
+
+def test_cpu_decor_noise_refuses_node_keys_that_do_not_match_the_rows() -> None:
+    from privdl.mechanisms.correlated import decor_noise
+
+    _, edges, keys = _setup("ring")
+    with pytest.raises(ConfigError, match="node noise keys"):
+        decor_noise(keys, edges, 16, [b"k" * 32] * 3, 0, 10, sigma_cor=1.0, sigma_cdp=1.0)

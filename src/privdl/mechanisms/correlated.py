@@ -13,7 +13,6 @@ Node-major layout: tensors here are (nodes, size); the paper's X is (d, n), i.e.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -21,8 +20,9 @@ import numpy as np
 import torch
 
 from privdl.errors import ConfigError, GraphError, PrivacyError
+from privdl.mechanisms._pool import run_parallel, usable_cpus
 from privdl.mechanisms.fused_noise import fused_available, fused_decor_noise
-from privdl.mechanisms.prng import NormalBackend, _usable_cpus, normal_streams
+from privdl.mechanisms.prng import NormalBackend, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
 
 _MAX_THREADS = 8
@@ -101,7 +101,7 @@ def correlated_noise(
     if len(keys) and size and sigma_cor > 0.0:  # sigma_cor = 0 is the LDP baseline: no draw
         z = normal_streams(keys, counter, size, dtype=work, device=device, backend=backend)
         if device.type == "cpu":
-            _signed_sum_cpu(out, z, lower, upper, sigma_cor)
+            _signed_sum_cpu(out, z.contiguous(), lower, upper, sigma_cor)
         else:
             _accumulate_signed(out, z, lower, upper)
             out.mul_(sigma_cor)
@@ -136,58 +136,74 @@ def incident_edges(
 
 @cache
 def _signed_sum_kernel() -> Any:
-    """numba: out[r, c0:c1] = scale * (sum over row r's slots, in order, of sign * z[edge, c0:c1])."""
+    """numba, per column block: out[r] = cor_scale * (sum over row r's slots, in order, of
+    sign * z[edge]) when ``use_cor``, plus ``cdp_scale * z[node_first + r]`` when ``node_first >= 0``
+    (float32 ops in this order, never fused into an FMA: the values of the composed torch ops)."""
     from privdl.mechanisms.ziggurat import jit
 
     @jit
-    def kernel(z, indptr, slot_edge, slot_sign, scale, out, c0, c1):  # type: ignore[no-untyped-def]
+    def kernel(
+        z, indptr, slot_edge, slot_sign, use_cor, cor_scale, node_first, cdp_scale, out, c0, c1
+    ):  # type: ignore[no-untyped-def]
         block = 2048  # columns per pass: the block's z and out rows stay in cache
         for b0 in range(c0, c1, block):
             b1 = min(b0 + block, c1)
             for r in range(out.shape[0]):
                 row = out[r, b0:b1]
-                row[:] = 0.0
-                for k in range(indptr[r], indptr[r + 1]):
-                    src = z[slot_edge[k], b0:b1]
-                    if slot_sign[k] > 0:
+                if use_cor:
+                    row[:] = 0.0
+                    for k in range(indptr[r], indptr[r + 1]):
+                        src = z[slot_edge[k], b0:b1]
+                        if slot_sign[k] > 0:
+                            for c in range(b1 - b0):
+                                row[c] = row[c] + src[c]
+                        else:
+                            for c in range(b1 - b0):
+                                row[c] = row[c] - src[c]
+                    for c in range(b1 - b0):
+                        row[c] = row[c] * cor_scale
+                if node_first >= 0:
+                    own = z[node_first + r, b0:b1]
+                    if use_cor:
                         for c in range(b1 - b0):
-                            row[c] = row[c] + src[c]
+                            row[c] = row[c] + own[c] * cdp_scale
                     else:
                         for c in range(b1 - b0):
-                            row[c] = row[c] - src[c]
-                for c in range(b1 - b0):
-                    row[c] = row[c] * scale
+                            row[c] = own[c] * cdp_scale
 
     return kernel
 
 
 def _signed_sum_cpu(
-    out: torch.Tensor, z: torch.Tensor, lower: np.ndarray, upper: np.ndarray, scale: float
+    out: torch.Tensor,
+    z: torch.Tensor,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    scale: float,
+    *,
+    use_cor: bool = True,
+    node_first: int = -1,
+    cdp_scale: float = 0.0,
 ) -> None:
-    """CPU path of :func:`_accumulate_signed` followed by ``out *= scale``, in one pass.
+    """CPU path of :func:`_accumulate_signed` followed by ``out *= scale``, in one pass; with
+    ``node_first >= 0`` it also adds ``cdp_scale * z[node_first + r]`` to row r (DECOR's own noise,
+    :func:`decor_noise`), and with ``use_cor=False`` the rows are that term alone.
 
     Same operations in the same order per element (0 + s_1 z_1 + s_2 z_2 + ..., then one
-    multiply by ``scale`` in the working dtype), so rows are bit-identical whatever other rows
-    are computed; columns are split over threads (elementwise, so the split changes nothing).
+    multiply by ``scale`` in the working dtype, then + the own term), so rows are bit-identical
+    whatever other rows are computed; columns are split over the worker pool (elementwise, so the
+    split changes nothing).
     """
     ends, slot_edge, sign = _row_slots(lower, upper)
     indptr = np.searchsorted(ends, np.arange(out.shape[0] + 1)).astype(np.int64)
-    zn, on = z.contiguous().numpy(), out.numpy()
-    factor = on.dtype.type(scale)  # the multiply happens in the working dtype
+    zn, on = z.numpy(), out.numpy()
+    kind = on.dtype.type  # the multiplies happen in the working dtype
     kernel = _signed_sum_kernel()
     size = on.shape[1]
-    workers = min(_MAX_THREADS, _usable_cpus()) if on.size >= _PARALLEL_ELEMENTS else 1
+    workers = min(_MAX_THREADS, usable_cpus()) if on.size >= _PARALLEL_ELEMENTS else 1
     bounds = np.linspace(0, size, workers + 1).astype(np.int64)
-    if workers == 1:
-        kernel(zn, indptr, slot_edge, sign, factor, on, 0, size)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(
-            pool.map(
-                lambda j: kernel(zn, indptr, slot_edge, sign, factor, on, bounds[j], bounds[j + 1]),
-                range(workers),
-            )
-        )
+    args = (zn, indptr, slot_edge, sign, use_cor, kind(scale), node_first, kind(cdp_scale), on)
+    run_parallel(lambda j: kernel(*args, bounds[j], bounds[j + 1]), workers)
 
 
 def _row_slots(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,6 +310,20 @@ def decor_noise(
             device=device,
             nodes=nodes,
         )
+    if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.float64):
+        return _decor_noise_cpu(
+            edge_keys,
+            edges,
+            n_nodes,
+            node_keys,
+            counter,
+            size,
+            sigma_cor=sigma_cor,
+            sigma_cdp=sigma_cdp,
+            dtype=dtype,
+            nodes=nodes,
+            backend=backend,
+        )
     flat = None
     if sigma_cdp > 0:
         flat = independent_noise(
@@ -314,6 +344,53 @@ def decor_noise(
         )
         flat = cor if flat is None else cor.add_(flat)  # = flat + cor (IEEE + commutes)
     return flat
+
+
+def _decor_noise_cpu(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    sigma_cdp: float,
+    dtype: torch.dtype,
+    nodes: Sequence[int] | None,
+    backend: NormalBackend,
+) -> torch.Tensor:
+    """CPU :func:`decor_noise` in one draw and one pass: the edge and node streams are made by a
+    single :func:`normal_streams` call (one batch for the worker pool) and combined by one kernel,
+    with the values of ``correlated_noise(...) + independent_noise(...)`` bit for bit (each row is
+    a pure function of its key, and the kernel does the composed path's float ops in order)."""
+    lower = upper = np.zeros(0, dtype=np.int64)
+    keys: list[bytes] = []
+    if sigma_cor > 0:
+        array = as_edge_array(edges, n_nodes)
+        if len(edge_keys) != len(array):
+            raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
+        rows, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
+        n_rows = len(rows)
+    else:
+        n_rows = len(node_keys)
+    if sigma_cdp > 0 and len(node_keys) != n_rows:
+        raise ConfigError(f"got {len(node_keys)} node noise keys for {n_rows} rows")
+    streams = keys + list(node_keys) if sigma_cdp > 0 else keys
+    out = torch.zeros((n_rows, size), dtype=dtype)
+    if size and streams:
+        z = normal_streams(streams, counter, size, dtype=dtype, backend=backend)
+        _signed_sum_cpu(
+            out,
+            z,
+            lower,
+            upper,
+            sigma_cor,
+            use_cor=sigma_cor > 0,
+            node_first=len(keys) if sigma_cdp > 0 else -1,
+            cdp_scale=sigma_cdp,
+        )
+    return out
 
 
 def split_flat(

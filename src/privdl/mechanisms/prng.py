@@ -37,10 +37,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -48,6 +46,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from privdl.errors import PrivacyError
+from privdl.mechanisms._pool import run_parallel, usable_cpus
 
 try:  # optional: a fused ChaCha20 kernel for CUDA devices
     import triton
@@ -271,22 +270,20 @@ def _chacha20_normals(
     return keystream_to_normals(raw, size)
 
 
-def _usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
 def _in_threads(fn: Any, count: int, *, parallel: bool) -> None:
-    """``fn(k)`` for k < count, in threads when ``parallel`` (the callees release the GIL)."""
-    workers = min(count, _MAX_WORKERS, _usable_cpus())
-    if parallel and workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(fn, range(count)))
-    else:
+    """``fn(k)`` for k < count, spread over the worker pool when ``parallel`` (the callees release
+    the GIL)."""
+    workers = min(count, _MAX_WORKERS, usable_cpus())
+    if not parallel or workers <= 1:
         for k in range(count):
             fn(k)
+        return
+
+    def chunk(j: int) -> None:
+        for k in range(j, count, workers):
+            fn(k)
+
+    run_parallel(chunk, workers)
 
 
 def _torch_seed(key: bytes, counter: int, substream: int) -> int:
@@ -346,7 +343,7 @@ def _ziggurat_normals(
 
     checked = [_check_key(key) for key in keys]
     big = len(checked) * size * 4 >= _PARALLEL_BYTES
-    workers = min(len(checked), _MAX_WORKERS, _usable_cpus()) if big else 1
+    workers = min(len(checked), _MAX_WORKERS, usable_cpus()) if big else 1
     rows = ziggurat_rows(checked, counter, size, substream=substream, workers=workers)
     return torch.from_numpy(rows).to(device)
 
