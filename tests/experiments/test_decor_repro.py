@@ -253,3 +253,28 @@ def test_accounted_decor_pair_is_the_first_feasible_grid_point(shared_datasets) 
             sigma_cdp_grid=grid[k - 1 : k],
             sigma_cor_max=cap,
         )
+
+
+def test_fig1c_accounted_hyper_default_tuned_and_refused() -> None:
+    """(lr, C) at the accounted budgets: (1, 1) by default; with accounted_hyper = "tuned" each
+    method's [hyper_accounted] row for its epsilon (falling back to the default where a method has
+    no row); any other value is one clear ConfigError."""
+    from privdl.errors import ConfigError
+    from privdl.experiments.decor import _pick, _preset
+    from privdl.experiments.decor_mnist import _accounted_hyper
+
+    p = _preset("decor-fig1c", False)
+    assert p["accounted_hyper"] == "default"
+    assert _accounted_hyper(p, "decor", "torus", 1.0) == tuple(map(float, p["hyper"]["default"]))
+    tuned = _preset("decor-fig1c", False, {"accounted_hyper": "tuned"})
+    table = tuned["hyper_accounted"]
+    for alg, topo, key in (("cdp", "complete", "cdp"), ("decor", "torus", "decor_torus")):
+        for eps in (1.0, 3.0, 10.0):
+            assert _accounted_hyper(tuned, alg, topo, eps) == _pick(table[key], eps)
+    assert _accounted_hyper(tuned, "cdp", "complete", 1.0) != _accounted_hyper(
+        p, "cdp", "complete", 1.0
+    )
+    assert "decor_ring" not in table  # not tuned: the default
+    assert _accounted_hyper(tuned, "decor", "ring", 1.0) == (1.0, 1.0)
+    with pytest.raises(ConfigError, match="accounted_hyper"):
+        _accounted_hyper(dict(p, accounted_hyper="best"), "cdp", "complete", 1.0)
