@@ -254,7 +254,6 @@ def ziggurat_rows(
     *,
     substream: int = 0,
     workers: int = 1,
-    out: np.ndarray | None = None,
     _words: int | None = None,
 ) -> np.ndarray:
     """Rows ``(len(keys), size)`` float32, row k the ``aes-ziggurat/v1`` stream of ``keys[k]``.
@@ -263,15 +262,12 @@ def ziggurat_rows(
     keystream buffer, so a row's words stay in cache between AES and the ziggurat. A row whose words
     run out (never seen in practice: the margin is many standard deviations) is redone from the
     start with twice the words, so the result never depends on the margin (``_words`` sets it, for
-    tests). ``out`` (float32, C-contiguous, ``(len(keys), size)``) receives the rows if given.
+    tests).
     """
     from privdl.mechanisms._pool import run_parallel
 
     block = initial_block(counter, substream)
-    if out is None:
-        out = np.empty((len(keys), size), dtype=np.float32)
-    elif out.shape != (len(keys), size) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise PrivacyError(f"out must be C-contiguous float32 of shape ({len(keys)}, {size})")
+    out = np.empty((len(keys), size), dtype=np.float32)
     first = _row_words(size) if _words is None else _words
     zeros = bytes(4 * first) if first > _SMALL_WORDS else None  # CTR input; short rows use ECB
 
