@@ -20,43 +20,7 @@ import sys
 import time
 
 from privdl.experiments.decor import _preset, _simulate
-
-
-def _values(
-    p: dict,
-    *,
-    alg: str,
-    eps: float,
-    lr: float,
-    clip: float,
-    seed: int,
-    steps: int,
-    data_dir: str | None,
-) -> dict:
-    graph = "complete:16" if alg == "cdp" else p["graphs"]["torus"]
-    return dict(
-        task="mnist",
-        model=p["model"],
-        steps=steps,
-        batch_size=p["batch_size"],
-        lr_decay=p["lr_decay"],
-        weight_decay=p["weight_decay"],
-        partition=p["partition"],
-        mixing=p["mixing"],
-        delta=p["delta"],
-        data_seed=p["data_seed"],
-        clip_mode="per_sample",
-        sampling="without_replacement",
-        data_dir=data_dir,
-        eval_every=10**9,
-        device="cpu",
-        algorithm=alg,
-        graph=graph,
-        seed=seed,
-        lr=lr,
-        clip=clip,
-        epsilon=eps,
-    )
+from privdl.experiments.decor_mnist import fig1c_base
 
 
 def main() -> None:
@@ -77,23 +41,19 @@ def main() -> None:
     clips = [float(x) for x in a.clips.split(",")]
     seeds = [int(x) for x in a.seeds.split(",")]
     out: dict = {"epsilon": a.epsilon, "grid": {"lr": lrs, "clip": clips}, "methods": {}}
+    base = fig1c_base(p, data_dir=a.data_dir, device="cpu")
+
+    def run(alg: str, lr: float, clip: float, seed: int, steps: int) -> dict:
+        graph = "complete:16" if alg == "cdp" else p["graphs"]["torus"]
+        values = dict(base, algorithm=alg, graph=graph, seed=seed, steps=steps)
+        return _simulate(dict(values, lr=lr, clip=clip, epsilon=a.epsilon))
+
     t0 = time.perf_counter()
     for alg in a.methods.split(","):
         scores = {}
         for lr in lrs:
             for clip in clips:
-                r = _simulate(
-                    _values(
-                        p,
-                        alg=alg,
-                        eps=a.epsilon,
-                        lr=lr,
-                        clip=clip,
-                        seed=a.tune_seed,
-                        steps=a.tune_steps,
-                        data_dir=a.data_dir,
-                    )
-                )
+                r = run(alg, lr, clip, a.tune_seed, a.tune_steps)
                 scores[f"{lr},{clip}"] = r["final"]["accuracy"]
                 print(
                     f"[{time.perf_counter() - t0:6.0f}s] {alg} lr={lr} C={clip}: "
@@ -105,18 +65,7 @@ def main() -> None:
         lr, clip = (float(x) for x in best.split(","))
         finals = []
         for seed in seeds:
-            r = _simulate(
-                _values(
-                    p,
-                    alg=alg,
-                    eps=a.epsilon,
-                    lr=lr,
-                    clip=clip,
-                    seed=seed,
-                    steps=a.steps,
-                    data_dir=a.data_dir,
-                )
-            )
+            r = run(alg, lr, clip, seed, a.steps)
             finals.append(
                 {
                     "seed": seed,

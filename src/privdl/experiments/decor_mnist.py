@@ -80,6 +80,28 @@ def _accounted_decor_pair(
     )
 
 
+def fig1c_base(p: dict[str, Any], *, data_dir: str | None, device: str) -> dict[str, Any]:
+    """The run settings every Fig 1c run shares (preset ``p``); a run adds its algorithm, graph,
+    seed, (lr, C) and budget."""
+    return dict(
+        task="mnist",
+        model=p["model"],
+        steps=p["steps"],
+        batch_size=p["batch_size"],
+        lr_decay=p["lr_decay"],
+        weight_decay=p["weight_decay"],
+        partition=p["partition"],
+        mixing=p["mixing"],
+        delta=p["delta"],
+        data_seed=p["data_seed"],
+        clip_mode="per_sample",
+        sampling="without_replacement",
+        data_dir=data_dir,
+        eval_every=10**9,
+        device=device,
+    )
+
+
 def _accounted_hyper(p: dict[str, Any], alg: str, topo: str, eps: float) -> tuple[float, float]:
     """(lr, C) for a correctly accounted budget: ``hyper.default`` for every method, or with
     ``accounted_hyper = "tuned"`` the method's ``[hyper_accounted]`` entry where it has one (tuned
@@ -119,23 +141,7 @@ def run_fig1c(
     p = apply_overrides(p, overrides, name="decor-fig1c")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base = dict(
-        task="mnist",
-        model=p["model"],
-        steps=p["steps"],
-        batch_size=p["batch_size"],
-        lr_decay=p["lr_decay"],
-        weight_decay=p["weight_decay"],
-        partition=p["partition"],
-        mixing=p["mixing"],
-        delta=p["delta"],
-        data_seed=p["data_seed"],
-        clip_mode="per_sample",
-        sampling="without_replacement",
-        data_dir=data_dir,
-        eval_every=10**9,
-        device=device,
-    )
+    base = fig1c_base(p, data_dir=data_dir, device=device)
     probe = build_task(make_config(dict(base, graph="ring:16", clip=1.0)))
     rate = probe.sampling_rate
     gl = p["sigma_cdp_grid"]
