@@ -319,3 +319,37 @@ def test_cuda_round_matches_cpu() -> None:
         torch.testing.assert_close(out[1].theta[k].cpu(), v, rtol=0, atol=1e-10)
     torch.testing.assert_close(out[3]["accuracy"], cpu_eval["accuracy"])
     _check_devices("cuda", *_round_on("cuda", _PRIVATE, "robust-hdp", max_iter=200))
+
+
+def test_batch_size_buckets_bound_padding_and_cover_every_client() -> None:
+    """Classes within a factor 1.5 of their smallest b; every client in exactly one class."""
+    from privdl.algorithms.federated import batch_size_buckets
+
+    b = np.array([32, 64, 16, 32, 16, 128, 24, 100, 17])
+    buckets = batch_size_buckets(b)
+    members = sorted(int(i) for c in buckets for i in c)
+    assert members == list(range(len(b)))
+    for c in buckets:
+        vals = b[c.numpy()]
+        assert vals.max() <= 1.5 * vals.min()
+    assert [sorted(b[c.numpy()].tolist()) for c in buckets] == [
+        [16, 16, 17, 24],
+        [32, 32],
+        [64],
+        [100, 128],
+    ]
+    assert len(batch_size_buckets(np.full(50, 32))) == 1
+
+
+def test_bucketed_round_equals_one_bucket() -> None:
+    """Computing the clients class by class (each padded to its own widest batch) gives the
+    same round as all clients padded to the widest batch of all."""
+    counts, b, eps = [60, 40, 50, 45], (4, 16, 5, 12), (1.0, 2.0, 4.0, 3.0)
+    cfg = FederatedConfig(batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5)
+    fl, _, params, *_ = _trainer(counts, cfg)
+    assert len(fl._buckets) == 2
+    bucketed, _ = fl.step(fl.init(params, seed=5))
+    fl._buckets = [torch.arange(len(counts))]
+    single, _ = fl.step(fl.init(params, seed=5))
+    for k in single.theta:
+        torch.testing.assert_close(bucketed.theta[k], single.theta[k], rtol=1e-12, atol=1e-14)
