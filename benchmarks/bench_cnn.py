@@ -4,10 +4,10 @@
 conv 16->32 k5, pool, fc 1568->10 (p = 28,938), per-example clipping at c = 3. Timed (median
 seconds per local step after one warm-up):
 
-* ``ghost``: ``node_gradients(clip=per_sample)``, the ghost path (conv patches as one strided
-  copy of the padded input, ``privdl.engine.ghost.unfold``);
-* ``ghost_torch_unfold``: the same path with torch's ``F.unfold`` for the patches (the reference
-  measured in the same run; bit-identical results);
+* ``ghost``: ``node_gradients(clip=per_sample, method="ghost")``, the ghost path (per-sample
+  conv weight gradients from column-only patches, ``ghost.per_sample_conv_weight_grads``);
+* ``ghost_full_unfold``: the same path with the full patches ``F.unfold`` and one ``bmm`` (the
+  reference measured in the same run; the results agree to float32 rounding);
 * ``vmap``: ``node_gradients(method="vmap")`` (torch.func per-sample gradients);
 * ``nonprivate``: ``node_gradients`` without clipping (autograd through the grouped convolution);
 * ``loop``: one ``nn.Sequential`` per client and a Python loop over the batch (per-sample
@@ -97,16 +97,23 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "malloc_tuned": tuned,
     }
-    strided = ghost.unfold
     res["ghost_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
-    ghost.unfold = lambda t, k, *, padding, stride: F.unfold(t, k, padding=padding, stride=stride)
+    column_only = ghost.per_sample_conv_weight_grads
+
+    def full_unfold(t, g, k, *, padding, stride):
+        u = F.unfold(t, k, padding=padding, stride=stride)
+        return torch.bmm(g.reshape(g.shape[0], g.shape[1], -1), u.transpose(1, 2))
+
+    ghost.per_sample_conv_weight_grads = full_unfold
     try:
         reference = grads("ghost").grads
-        res["ghost_torch_unfold_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
+        res["ghost_full_unfold_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
     finally:
-        ghost.unfold = strided
+        ghost.per_sample_conv_weight_grads = column_only
     mine = grads("ghost").grads
-    res["bit_identical_to_torch_unfold"] = all(torch.equal(mine[k], reference[k]) for k in mine)
+    res["max_rel_diff_to_full_unfold"] = max(
+        float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine
+    )
     res["vmap_s"] = median_seconds(lambda: grads("vmap"), iters=args.iters)
     res["nonprivate_s"] = median_seconds(lambda: grads(c=ClipSpec()), iters=args.iters)
     if not args.no_loop:
@@ -116,7 +123,7 @@ def main() -> None:
             median_seconds(lambda: _loop_step(mods, x[:k], y[:k]), iters=1) * N / k
         )
         res["loop_over_ghost"] = res["loop_s_scaled_to_20_clients"] / res["ghost_s"]
-    res["torch_unfold_over_strided"] = res["ghost_torch_unfold_s"] / res["ghost_s"]
+    res["full_unfold_over_column_only"] = res["ghost_full_unfold_s"] / res["ghost_s"]
     res["ghost_over_nonprivate"] = res["ghost_s"] / res["nonprivate_s"]
     res["vmap_over_ghost"] = res["vmap_s"] / res["ghost_s"]
     print(json.dumps(res, indent=1))

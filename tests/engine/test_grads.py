@@ -460,18 +460,64 @@ def test_strided_unfold_equals_torch_unfold(b, c, h, w, k, padding, stride, tran
     assert torch.equal(unfold(x, k, padding=padding, stride=stride), expected)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    c=st.integers(1, 3),
+    o=st.integers(1, 4),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    k=st.integers(1, 4),
+    padding=st.integers(0, 2),
+    stride=st.integers(1, 3),
+    transposed=st.booleans(),
+)
+def test_per_sample_conv_grads_equal_unfold_bmm_and_autograd(
+    b, c, o, h, w, k, padding, stride, transposed
+):
+    """Column-only unfolding (stride 1) gives bmm(G, unfold(x)^T) up to rounding, and both are
+    the per-sample weight gradients autograd gives sample by sample (float64)."""
+    from privdl.engine.ghost import per_sample_conv_weight_grads, unfold
+
+    if h + 2 * padding < k or w + 2 * padding < k:
+        return
+    gen = torch.Generator().manual_seed(b * 1000 + c * 100 + h * 10 + w + o)
+    x = torch.randn(b, c, w, h, generator=gen, dtype=torch.float64)
+    x = x.transpose(2, 3) if transposed else x.reshape(b, c, h, w)
+    weight = torch.randn(o, c, k, k, generator=gen, dtype=torch.float64)
+    out = torch.nn.functional.conv2d(x, weight, padding=padding, stride=stride)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = per_sample_conv_weight_grads(x, g, k, padding=padding, stride=stride)
+    u = unfold(x, k, padding=padding, stride=stride)
+    want = torch.bmm(g.reshape(b, o, -1), u.transpose(1, 2))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for s in range(b):
+        wt = weight.clone().requires_grad_(True)
+        z = torch.nn.functional.conv2d(x[s : s + 1], wt, padding=padding, stride=stride)
+        (gw,) = torch.autograd.grad((z * g[s : s + 1]).sum(), [wt])
+        torch.testing.assert_close(got[s], gw.reshape(o, -1), rtol=1e-12, atol=1e-12)
+
+
 def test_auto_picks_vmap_for_patch_heavy_convnets_on_cpu_only():
-    """The CPU cost rule: conv patches (sum C k^2 L per sample) against p, from the architecture."""
+    """The CPU cost rule: conv patches per sample against p, from the architecture."""
     from privdl.engine.ghost import patch_elements, prefers_ghost
 
     cnn = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
-    # conv1: 1 x 5^2 x 28^2 patches; conv2 (after a 2x2 pool): 16 x 5^2 x 14^2
-    assert patch_elements(cnn) == 1 * 25 * 784 + 16 * 25 * 196 == 98_000
+    # column-only unfolding (stride 1, direct form): C k (H + 2 pad) W' per conv;
+    # conv1: 1 x 5 x 32 x 28; conv2 (after a 2x2 pool): 16 x 5 x 18 x 14
+    assert patch_elements(cnn) == 1 * 5 * 32 * 28 + 16 * 5 * 18 * 14 == 24_640
     params = cnn.init(n_nodes=1, generator=torch.Generator().manual_seed(0))
     assert sum(v.numel() for v in params.values()) == 28_938
-    assert not prefers_ghost(cnn, torch.device("cpu"))
+    assert prefers_ghost(cnn, torch.device("cpu"))
     assert prefers_ghost(cnn, torch.device("cuda"))  # a device object; no GPU needed
     mlp = build_model("mlp", in_shape=(784,), n_classes=10)
     assert patch_elements(mlp) == 0 and prefers_ghost(mlp, torch.device("cpu"))
-    small = build_model("cnn-mnist", in_shape=(1, 4, 4), n_classes=10)  # few positions: ghost
+    # at 96 x 96 the patches (1 x 5 x 100 x 96 + 16 x 5 x 52 x 48) outgrow p: vmap on a CPU
+    big = build_model("cnn-mnist", in_shape=(1, 96, 96), n_classes=10)
+    p_big = sum(v.numel() for v in big.init(n_nodes=1, generator=torch.Generator()).values())
+    assert patch_elements(big) == 48_000 + 199_680 > p_big
+    assert not prefers_ghost(big, torch.device("cpu")) and prefers_ghost(big, torch.device("cuda"))
+    # a conv whose Gram form is cheaper (few output positions) counts the full unfold C k^2 L
+    small = build_model("cnn-mnist", in_shape=(1, 4, 4), n_classes=10)
+    assert patch_elements(small) == 1 * 5 * 8 * 4 + 16 * 25 * 4
     assert prefers_ghost(small, torch.device("cpu"))

@@ -56,6 +56,42 @@ def unfold(x: Tensor, kernel_size: int, *, padding: int, stride: int) -> Tensor:
     return patches.reshape(b, c * kernel_size * kernel_size, out_h * out_w)
 
 
+def per_sample_conv_weight_grads(
+    x: Tensor, g: Tensor, kernel_size: int, *, padding: int, stride: int
+) -> Tensor:
+    """Per-sample weight gradients ``G_s U_s^T`` of a conv layer, ``(B, O, C k^2)`` in the
+    weight's ``(O, C, k, k)`` order, from its input ``x (B, C, H, W)`` and output gradient
+    ``g (B, O, H', W')``.
+
+    With stride 1 the patches are unfolded along the kernel's columns only (``k`` shifted
+    copies of the padded input, ``C k Hp W'`` per sample instead of ``C k^2 H' W'``): for
+    kernel row ``kh`` the patch matrix is then a plain strided view, rows ``kh .. kh + H'`` of
+    that copy, so one ``bmm`` per kernel row reads it without a further copy. The values equal
+    ``bmm(G, unfold(x)^T)`` up to rounding (tested; bit for bit on the Robust-HDP CNN's
+    float32 shapes); on 2 CPU cores that CNN's second conv took 95 instead of 176 us per
+    sample. Other strides take the full unfold.
+    """
+    b, o = g.shape[:2]
+    gf = g.reshape(b, o, -1)
+    k = kernel_size
+    if stride != 1:
+        u = unfold(x, k, padding=padding, stride=stride)
+        return torch.bmm(gf, u.transpose(1, 2))
+    xp = F.pad(x, (padding,) * 4) if padding else x
+    _, c, hp, wp = xp.shape
+    out_h, out_w = hp - k + 1, wp - k + 1
+    s0, s1, s2, s3 = xp.stride()
+    # cols[s, c, kw, h, j] = xp[s, c, h, j + kw]
+    cols = xp.as_strided((b, c, k, hp, out_w), (s0, s1, s3, s2, s3)).reshape(b, c * k, -1)
+    rows = [  # (B, O, C, kw) for kernel row kh
+        torch.bmm(gf, cols[:, :, kh * out_w : (kh + out_h) * out_w].transpose(1, 2)).reshape(
+            b, o, c, k
+        )
+        for kh in range(k)  # kernel rows, not nodes or samples
+    ]
+    return torch.stack(rows, 3).reshape(b, o, c * k * k)
+
+
 def supports_ghost(model: StackedModel) -> bool:
     """True when every layer acts on each sample separately and is one we can ghost-clip."""
     return isinstance(model, SequentialModel) and all(
@@ -64,13 +100,25 @@ def supports_ghost(model: StackedModel) -> bool:
 
 
 def patch_elements(model: SequentialModel) -> int:
-    """Per-sample size of the conv patches the ghost path forms: sum over Conv2d layers of
-    ``C k^2 L`` (``L`` output positions)."""
+    """Per-sample size of the conv patches the ghost path forms (``conv_mode="auto"``): sum over
+    Conv2d layers of ``C k Hp W'`` for a stride-1 layer in the direct form (column-only
+    unfolding, :func:`per_sample_conv_weight_grads`) and ``C k^2 L`` otherwise (``L = H' W'``
+    output positions, ``Hp`` the padded input height)."""
     total, shape = 0, tuple(model.in_shape)
     for _, layer in model.layers:
         if isinstance(layer, Conv2d):
             _, out_h, out_w = layer.out_shape(shape)
-            total += layer.in_channels * layer.kernel_size**2 * out_h * out_w
+            o, ck, length = (
+                layer.out_channels,
+                layer.in_channels * layer.kernel_size**2,
+                out_h * out_w,
+            )
+            direct = o * ck * length <= length * length * (o + ck)
+            if direct and layer.stride == 1:
+                padded_h = shape[1] + 2 * layer.padding
+                total += layer.in_channels * layer.kernel_size * padded_h * out_w
+            else:
+                total += ck * length
         shape = layer.out_shape(shape)
     return total
 
@@ -79,9 +127,11 @@ def prefers_ghost(model: StackedModel, device: torch.device) -> bool:
     """``method="auto"``'s choice: the ghost path where it applies, except on a CPU when its conv
     patches are larger per sample than the parameters vmap's per-sample gradients would hold.
 
-    On 2 CPU cores the Robust-HDP MNIST CNN (patches 98,000 vs p = 28,938 per sample) clips 1.6x
-    faster by vmap (benchmarks/bench_cnn.py); MLPs have no patches. GPUs keep the ghost path,
-    on which the engine benchmarks were taken.
+    The Robust-HDP MNIST CNN has p = 28,938 and, with column-only unfolding, 24,640 patch
+    entries per sample (98,000 with the full unfold, when vmap was 1.6x faster): on 2 CPU cores
+    a federated round (20 clients, Dist6 batch sizes) took 16.4 s by the ghost path against
+    22.8 s by vmap (2026-11-23). MLPs have no patches. GPUs keep the ghost path, on which the
+    engine benchmarks were taken.
     """
     if not supports_ghost(model):
         return False
@@ -140,30 +190,28 @@ def ghost_clipped_sum(
             cache.append((lname, layer, inp, g, None))
         else:
             assert isinstance(layer, Conv2d)
-            u = unfold(
-                inp.reshape(n * b, *inp.shape[2:]),
-                layer.kernel_size,
-                padding=layer.padding,
-                stride=layer.stride,
-            )  # (nB, Ck^2, L)
+            flat_in = inp.reshape(n * b, *inp.shape[2:])
             gf = g.reshape(n * b, g.shape[2], -1)  # (nB, O, L)
-            o, ck, length = gf.shape[1], u.shape[1], u.shape[2]
+            o, length = gf.shape[1], gf.shape[2]
+            ck = layer.in_channels * layer.kernel_size**2
             direct = conv_mode == "direct" or (
                 conv_mode == "auto" and o * ck * length <= length * length * (o + ck)
             )
-            psg = None
+            psg, u = None, None
             if direct:
-                psg = torch.bmm(gf, u.transpose(1, 2))  # (nB, O, Ck^2)
+                psg = per_sample_conv_weight_grads(
+                    flat_in, gf, layer.kernel_size, padding=layer.padding, stride=layer.stride
+                )  # (nB, O, Ck^2)
                 rows.append(torch.linalg.vector_norm(psg, dim=(1, 2)).reshape(n, b))
             else:  # <G^T G, U^T U> = ||G U^T||_F^2
+                u = unfold(flat_in, layer.kernel_size, padding=layer.padding, stride=layer.stride)
                 gg = torch.bmm(gf.transpose(1, 2), gf)
                 uu = torch.bmm(u.transpose(1, 2), u)
                 rows.append((gg * uu).sum((1, 2)).clamp_min(0).sqrt().reshape(n, b))
+                u = u.reshape(n, b, ck, length)
             if "bias" in lp:
                 rows.append(torch.linalg.vector_norm(gf.sum(-1), dim=-1).reshape(n, b))
-            cache.append(
-                (lname, layer, u.reshape(n, b, ck, length), gf.reshape(n, b, o, length), psg)
-            )
+            cache.append((lname, layer, u, gf.reshape(n, b, o, length), psg))
     norms = torch.linalg.vector_norm(torch.stack(rows), dim=0)
     w = clip_factor(norms, threshold, kind=kind, scale=weights)  # (n, B): weight * clip factor
     grads: dict[str, Tensor] = {}
