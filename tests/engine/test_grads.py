@@ -208,6 +208,41 @@ def test_cnn_gradients_equal_loop_oracle(n, b, c, hw, clip, seed):
             torch.testing.assert_close(nrm, want_norms, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_strided_convnet_ghost_equals_loop_oracle(stride):
+    """Conv layers with stride 1 (column-only patches) and 2 (full unfold), no padding and
+    padding, both conv modes, with masks and a per-node denominator."""
+    from privdl.models import SequentialModel
+
+    m = SequentialModel(
+        "strided",
+        (2, 9, 9),
+        [
+            ("conv1", Conv2d(2, 3, 3, stride=stride, padding=1)),
+            ("act1", Activation("tanh")),
+            ("conv2", Conv2d(3, 4, 2, stride=stride, padding=0, bias=False)),
+            ("flat", Flatten()),
+            ("fc", Linear(4 * (8 if stride == 1 else 2) ** 2, 3)),
+        ],
+    )
+    gen = torch.Generator().manual_seed(stride)
+    n, b = 3, 5
+    p = m.init(n_nodes=n, generator=gen, dtype=F64, same_init=False)
+    x = torch.randn(n, b, 2, 9, 9, generator=gen, dtype=F64)
+    y = labels("cross_entropy", n, b, 3, gen)
+    mask = torch.rand(n, b, generator=gen) < 0.7
+    den = torch.tensor([2.0, 3.0, 4.0], dtype=F64)
+    clip = ClipSpec("per_sample", 0.5)
+    want, _, want_norms = oracle(
+        m, p, x, y, loss="cross_entropy", clip=clip, mask=mask, denominator=den
+    )
+    r = node_gradients(
+        m, p, x, y, loss="cross_entropy", clip=clip, mask=mask, denominator=den, method="ghost"
+    )
+    assert_close_dict(r.grads, want)
+    torch.testing.assert_close(r.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)
+
+
 def test_resnet_vmap_fallback_equals_loop_oracle():
     gen = torch.Generator().manual_seed(0)
     m = build_model("resnet18-gn", in_shape=(3, 16, 16), n_classes=3, width=2)

@@ -71,25 +71,35 @@ def per_sample_conv_weight_grads(
     float32 shapes); on 2 CPU cores that CNN's second conv took 95 instead of 176 us per
     sample. Other strides take the full unfold.
     """
+    rows = _conv_grads_by_kernel_row(x, g, kernel_size, padding=padding, stride=stride)
+    if rows.shape[0] == 1:
+        return rows[0]
+    b, o, k = g.shape[0], g.shape[1], kernel_size
+    return rows.view(k, b, o, -1, k).permute(1, 2, 3, 0, 4).reshape(b, o, -1)
+
+
+def _conv_grads_by_kernel_row(
+    x: Tensor, g: Tensor, kernel_size: int, *, padding: int, stride: int
+) -> Tensor:
+    """The per-sample conv weight gradients as ``(R, B, O, F)``: for stride 1, ``R = k``
+    kernel rows of ``F = C k`` entries in ``(c, kw)`` order; otherwise ``R = 1``, ``F = C k^2``.
+    Each kernel row's ``bmm`` writes straight into its slice (no stacking copy)."""
     b, o = g.shape[:2]
     gf = g.reshape(b, o, -1)
     k = kernel_size
     if stride != 1:
         u = unfold(x, k, padding=padding, stride=stride)
-        return torch.bmm(gf, u.transpose(1, 2))
+        return torch.bmm(gf, u.transpose(1, 2)).unsqueeze(0)
     xp = F.pad(x, (padding,) * 4) if padding else x
     _, c, hp, wp = xp.shape
     out_h, out_w = hp - k + 1, wp - k + 1
     s0, s1, s2, s3 = xp.stride()
     # cols[s, c, kw, h, j] = xp[s, c, h, j + kw]
     cols = xp.as_strided((b, c, k, hp, out_w), (s0, s1, s3, s2, s3)).reshape(b, c * k, -1)
-    rows = [  # (B, O, C, kw) for kernel row kh
-        torch.bmm(gf, cols[:, :, kh * out_w : (kh + out_h) * out_w].transpose(1, 2)).reshape(
-            b, o, c, k
-        )
-        for kh in range(k)  # kernel rows, not nodes or samples
-    ]
-    return torch.stack(rows, 3).reshape(b, o, c * k * k)
+    rows = torch.empty((k, b, o, c * k), dtype=gf.dtype, device=gf.device)
+    for kh in range(k):  # kernel rows, not nodes or samples
+        torch.bmm(gf, cols[:, :, kh * out_w : (kh + out_h) * out_w].transpose(1, 2), out=rows[kh])
+    return rows
 
 
 def supports_ghost(model: StackedModel) -> bool:
@@ -199,10 +209,12 @@ def ghost_clipped_sum(
             )
             psg, u = None, None
             if direct:
-                psg = per_sample_conv_weight_grads(
+                psg = _conv_grads_by_kernel_row(
                     flat_in, gf, layer.kernel_size, padding=layer.padding, stride=layer.stride
-                )  # (nB, O, Ck^2)
-                rows.append(torch.linalg.vector_norm(psg, dim=(1, 2)).reshape(n, b))
+                )  # (R, nB, O, F): R kernel rows (stride 1) or R = 1 and F = Ck^2
+                flat_psg = psg.view(psg.shape[0], n * b, -1)
+                per_row = torch.linalg.vector_norm(flat_psg, dim=2)  # contiguous reductions
+                rows.append(torch.linalg.vector_norm(per_row, dim=0).reshape(n, b))
             else:  # <G^T G, U^T U> = ||G U^T||_F^2
                 u = unfold(flat_in, layer.kernel_size, padding=layer.padding, stride=layer.stride)
                 gg = torch.bmm(gf.transpose(1, 2), gf)
@@ -223,8 +235,14 @@ def ghost_clipped_sum(
                 grads[f"{lname}.bias"] = gw.sum(1)
         else:
             assert isinstance(layer, Conv2d)
-            if psg is not None:
-                gw_flat = torch.einsum("nbok,nb->nok", psg.reshape(n, b, *psg.shape[1:]), w)
+            if psg is not None:  # sum_b w[n, b] psg[r, (n, b)], one bmm over (r, n)
+                r, o, f = psg.shape[0], psg.shape[2], psg.shape[3]
+                lhs = w.to(psg.dtype).reshape(1, n, 1, b).expand(r, n, 1, b).reshape(r * n, 1, b)
+                out = torch.bmm(lhs, psg.view(r * n, b, o * f)).view(r, n, o, f)
+                if r == 1:
+                    gw_flat = out[0]
+                else:  # (kh, n, O, C, kw) -> (n, O, C, kh, kw)
+                    gw_flat = out.view(r, n, o, -1, r).permute(1, 2, 3, 0, 4).reshape(n, o, -1)
             else:
                 gw_flat = torch.einsum("nbol,nbkl->nok", g * w[:, :, None, None], inp)
             grads[f"{lname}.weight"] = gw_flat.reshape(n, *params[f"{lname}.weight"].shape[1:])

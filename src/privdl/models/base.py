@@ -226,6 +226,10 @@ class MaxPool2d(Layer):
 
     def forward(self, params, a):
         n, b = a.shape[:2]
+        sample_major = a.transpose(0, 1)
+        if sample_major.is_contiguous():  # a conv's output: pool without a layout copy
+            z = F.max_pool2d(sample_major.reshape(b * n, *a.shape[2:]), self.kernel_size)
+            return z.reshape(b, n, *z.shape[1:]).transpose(0, 1)
         z = F.max_pool2d(a.reshape(n * b, *a.shape[2:]), self.kernel_size)
         return z.reshape(n, b, *z.shape[1:])
 
