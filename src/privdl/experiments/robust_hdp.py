@@ -617,16 +617,17 @@ REPRODUCTIONS = [
         paper="Robust-HDP (ICML 2024)",
         description="Table 12: MNIST accuracy of RHDP and baselines over eps distributions",
         run=_accuracy_table("robust-hdp-mnist"),
-        full_runtime="one 20-client CNN round measured 126 s on 2 quiet CPU cores (2026-11-23), "
-        "so ~7 h per (method, dist) and ~15 days for 54 cells on CPU; ~17 min per cell and "
-        "~15 h for the table on one H100 (use --set methods=/dists= to fit a budget)",
+        full_runtime="one 20-client CNN round 14.8 s on 2 quiet CPU cores (2026-11-23, batch-size "
+        "classes + ghost path), so ~50 min per (method, dist) on 2 cores (measured cells: ~110 min "
+        "on one thread) and ~2 days for 54 cells; ~17 min per cell on one H100 (measured before "
+        "those changes) (use --set methods=/dists= to fit a budget)",
     ),
     Reproduction(
         name="robust-hdp-fmnist",
         paper="Robust-HDP (ICML 2024)",
         description="Table 13: Fashion-MNIST accuracy of RHDP and baselines",
         run=_accuracy_table("robust-hdp-fmnist"),
-        full_runtime="as robust-hdp-mnist (same CNN size and clients): ~7 h per cell on 2 "
+        full_runtime="as robust-hdp-mnist (same CNN size and clients): ~50 min per cell on 2 "
         "CPU cores, ~17 min on one H100",
     ),
     Reproduction(
@@ -641,7 +642,7 @@ REPRODUCTIONS = [
         paper="Robust-HDP (ICML 2024)",
         description="Fig. 5 right: a client reports a larger eps; WeiAvg/PFA degrade, RHDP not",
         run=run_falsified,
-        full_runtime="24 CNN runs x 200 rounds: ~7 h each on 2 CPU cores (measured round), "
-        "~17 min each on one H100; GPU only in practice",
+        full_runtime="24 CNN runs x 200 rounds: ~50 min each on 2 CPU cores (measured round), "
+        "~17 min each on one H100",
     ),
 ]
