@@ -102,6 +102,13 @@ def _conv_grads_by_kernel_row(
     return rows
 
 
+def _direct_is_cheaper(out_channels: int, patch_rows: int, positions: int) -> bool:
+    """``conv_mode="auto"``'s choice: the direct per-sample gradient ``G_s U_s^T`` (cost
+    ``O Ck^2 L``) over the Gram form ``<G^T G, U^T U>`` (cost ``L^2 (O + Ck^2)``)."""
+    o, ck, length = out_channels, patch_rows, positions
+    return o * ck * length <= length * length * (o + ck)
+
+
 def supports_ghost(model: StackedModel) -> bool:
     """True when every layer acts on each sample separately and is one we can ghost-clip."""
     return isinstance(model, SequentialModel) and all(
@@ -123,8 +130,7 @@ def patch_elements(model: SequentialModel) -> int:
                 layer.in_channels * layer.kernel_size**2,
                 out_h * out_w,
             )
-            direct = o * ck * length <= length * length * (o + ck)
-            if direct and layer.stride == 1:
+            if _direct_is_cheaper(o, ck, length) and layer.stride == 1:
                 padded_h = shape[1] + 2 * layer.padding
                 total += layer.in_channels * layer.kernel_size * padded_h * out_w
             else:
@@ -205,7 +211,7 @@ def ghost_clipped_sum(
             o, length = gf.shape[1], gf.shape[2]
             ck = layer.in_channels * layer.kernel_size**2
             direct = conv_mode == "direct" or (
-                conv_mode == "auto" and o * ck * length <= length * length * (o + ck)
+                conv_mode == "auto" and _direct_is_cheaper(o, ck, length)
             )
             psg, u = None, None
             if direct:
