@@ -222,3 +222,87 @@ def test_resume_flag_is_refused_where_a_reproduction_cannot_resume(capsys) -> No
     assert main(["reproduce", "decor-fig2", "--quick", "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot resume" in err[0]
+
+
+# --------------------------------------------------------------------------- falsification
+def test_falsified_overrides_parsed_and_bad_ones_refused() -> None:
+    from privdl.errors import ConfigError
+    from privdl.experiments.robust_hdp import FALSIFIED_METHODS, parse_overrides
+
+    accepted = ("methods", "reported", "rounds")
+    got = parse_overrides(
+        {"reported": "50, 0.95,5,5", "methods": "PFA,weiavg", "rounds": "20"},
+        accepted=accepted,
+        methods=FALSIFIED_METHODS,
+    )
+    assert got == {"reported": [0.95, 5.0, 50.0], "methods": ["pfa", "weiavg"], "rounds": 20}
+    for bad in (
+        {"reported": "0.5,50"},  # below the falsifier's true eps: not a falsification
+        {"reported": "x"},
+        {"reported": "inf"},
+        {"reported": ""},
+        {"methods": "mineps"},  # not part of Fig. 5 (right)
+    ):
+        with pytest.raises(ConfigError):
+            parse_overrides(bad, accepted=accepted, methods=FALSIFIED_METHODS)
+    with pytest.raises(ConfigError, match="accepted: methods, reported, rounds"):
+        get("robust-hdp-falsified").run(None, quick=True, overrides={"dists": "Dist1"})
+
+
+def _falsified_cells(grid, eps, *, drop):
+    """Cells consistent with spec §6 (WeiAvg's closed-form weight), WeiAvg/PFA losing ``drop``
+    points per grid step, RHDP and DPFedAvg unchanged."""
+    others = sum(eps[1:])
+    flat = {"accuracy": 85.0, "weights": [0.1, 0.9], "noise": 0.5}
+    return {
+        "robust-hdp": [dict(flat) for _ in grid],
+        "dpfedavg": [dict(flat, noise=1.0) for _ in grid],
+        "weiavg": [
+            {"accuracy": 85.0 - drop * k, "weights": [g / (g + others), 0.0], "noise": 1.0 + g}
+            for k, g in enumerate(grid)
+        ],
+        "pfa": [
+            {"accuracy": 84.0 - drop * k, "weights": [0.0], "noise": 0.0} for k in range(len(grid))
+        ],
+    }
+
+
+def test_falsified_checks_pass_on_the_papers_pattern_and_fail_otherwise() -> None:
+    from privdl.experiments.robust_hdp import EPS_LISTS_20, falsified_checks
+
+    eps, grid = list(EPS_LISTS_20["Dist5"]), [0.95, 5.0, 50.0]
+    good = falsified_checks(_falsified_cells(grid, eps, drop=2.0), grid, eps=eps, quick=False)
+    assert len(good) == 10 and all(good.values()), good
+
+    flat = falsified_checks(_falsified_cells(grid, eps, drop=0.2), grid, eps=eps, quick=False)
+    assert {k for k, v in flat.items() if not v} == {
+        "WeiAvg loses >= 1 accuracy points at the largest eps'",
+        "PFA loses >= 1 accuracy points at the largest eps'",
+    }
+    assert not any(
+        "accuracy points" in k
+        for k in falsified_checks(_falsified_cells(grid, eps, drop=0.2), grid, eps=eps, quick=True)
+    )  # quick runs (2 rounds of a linear model) say nothing about accuracy
+
+    moved = _falsified_cells(grid, eps, drop=2.0)
+    moved["robust-hdp"][-1]["weights"] = [0.2, 0.8]  # RHDP must not read the reported eps
+    moved["weiavg"][1]["weights"][0] += 1e-3  # nor WeiAvg leave its closed form
+    moved["weiavg"][-1]["noise"] = 0.5  # below the truthful run's 1.95
+    bad = falsified_checks(moved, grid, eps=eps, quick=False)
+    assert not bad["RHDP weights unchanged by the falsified eps"]
+    assert not bad["WeiAvg falsifier weight = eps'/(eps' + sum of the others)"]
+    assert not bad["WeiAvg aggregate noise larger at the largest eps' than at the smallest"]
+    assert not bad["WeiAvg at largest eps' noisier than RHDP"]
+    # 2-means on Dist5's reported eps: 10 public clients, client 0 among them, at eps' = 0.95
+    # and 1.2; 7 at eps' = 2; the falsifier alone from eps' = 5
+    assert not falsified_checks(
+        _falsified_cells([0.95, 1.2], eps, drop=2.0), [0.95, 1.2], eps=eps, quick=False
+    )["PFA's public cluster narrows to the falsifier as eps' grows"]
+    only = falsified_checks(
+        {"weiavg": _falsified_cells(grid, eps, drop=2.0)["weiavg"]}, grid, eps=eps, quick=False
+    )
+    assert set(only) == {  # the checks follow the methods that ran
+        "WeiAvg falsifier weight = eps'/(eps' + sum of the others)",
+        "WeiAvg aggregate noise larger at the largest eps' than at the smallest",
+        "WeiAvg loses >= 1 accuracy points at the largest eps'",
+    }
