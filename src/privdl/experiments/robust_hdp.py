@@ -41,7 +41,18 @@ from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
 METHODS = ("robust-hdp", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg")
 
 
-def _plot(path: Path, series: dict[str, list[float]], labels: list[str], *, ylabel: str, log=False):
+def _plot(
+    path: Path,
+    series: dict[str, list[float]],
+    labels: list[str],
+    *,
+    ylabel: str,
+    log: bool = False,
+    paper: dict[str, list[float]] | None = None,
+) -> None:
+    """Grouped bars, one group per label; ``paper`` (same keys as ``series``) adds the paper's
+    value on each bar as a black tick, and a non-log axis then starts near the smallest value,
+    so differences of a point or two show."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,12 +60,25 @@ def _plot(path: Path, series: dict[str, list[float]], labels: list[str], *, ylab
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / max(1, len(series))
+    seen: list[float] = []
     for j, (name, vals) in enumerate(series.items()):
-        ax.bar(np.arange(len(labels)) + j * width, vals, width, label=name)
+        x = np.arange(len(labels)) + j * width
+        ax.bar(x, vals, width, label=name)
+        seen += vals
+        if paper and name in paper:
+            ax.scatter(
+                x, paper[name], marker="_", s=300, color="black", zorder=3,
+                label="paper" if j == 0 else None,
+            )  # fmt: skip
+            seen += paper[name]
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
+    elif paper:
+        finite = [v for v in seen if np.isfinite(v)]
+        if finite:
+            ax.set_ylim(max(0.0, min(finite) - 10.0), max(finite) + 2.0)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -379,7 +403,13 @@ def _write_table(
     series = {
         m: [results.get(m, {}).get(d, {}).get("accuracy", nan) for d in dists] for m in methods
     }
-    _plot(out_dir / "accuracy.png", series, dists, ylabel="avg client test acc %")
+    _plot(
+        out_dir / "accuracy.png",
+        series,
+        dists,
+        ylabel="avg client test acc %",
+        paper={m: [paper[m][int(d[4:]) - 1] for d in dists] for m in methods},
+    )
     rows = []
     for m in methods:
         cells = []

@@ -53,7 +53,14 @@ def run_table3(
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     dists = [f"D{d}" for d in range(1, 10)]
-    _plot(out_dir / "table3.png", ours, dists, ylabel="NoiseAgg (ours)", log=True)
+    _plot(
+        out_dir / "table3.png",
+        ours,
+        dists,
+        ylabel="NoiseAgg (bars: ours)",
+        log=True,
+        paper={rule: list(v) for rule, v in PAPER_TABLE3.items()},
+    )
     report = "\n".join(
         [
             "# Robust-HDP Table 3: normalised aggregate noise after round 1 (closed form)",
