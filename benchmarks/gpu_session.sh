@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every GPU measurement the open issues ask for, in parts that each fit one 10-minute command of
+# the device machine (the workplace's `run` tool), writing JSON and logs under $OUT (default
+# ./gpu-out). CI never runs this: it needs CUDA.
+#
+# The device machine has no network; its python3 holds torch, triton, numba, scipy, networkx,
+# click, rich, matplotlib, pytest and hypothesis. privdl's other needs travel as wheels:
+#
+#   bash benchmarks/gpu_session.sh wheels      # HERE (with pip): fetch them into .whl/ (py3.12)
+#
+# then, on the device machine, each with `carry: [".whl"]`:
+#
+#   bash benchmarks/gpu_session.sh engine      # issue 2: loop / private, private / non-private
+#   bash benchmarks/gpu_session.sh decor       # issue 4: DECOR step / non-private, noise alone
+#   bash benchmarks/gpu_session.sh rpca        # issue 7: one 200,000 x 20 robust-PCA chunk
+#   bash benchmarks/gpu_session.sh federated   # issue 7: Robust-HDP MNIST CNN rounds on CUDA
+#   bash benchmarks/gpu_session.sh tests       # the `gpu`-marked tests (CUDA == CPU oracles)
+#
+# Ratios are measured within one run (alternating rounds), never against a figure from another
+# machine. The federated part needs MNIST's IDX files in $PRIVDL_DATA_DIR (carry them).
+# Written in session 9 (2026-11-24), when no GPU was lent: the `wheels` part was run here, the
+# device parts have not been run yet.
+set -euo pipefail
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+part="${1:-}"
+case "$part" in
+wheels | engine | decor | rpca | federated | tests) ;;
+*)
+    echo "gpu_session.sh: unknown part '${part}'; one of wheels engine decor rpca federated tests" >&2
+    exit 2 ;;
+esac
+WHEELS=(pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
+    cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 dp-accounting==0.6.0 dm-tree==0.1.10
+    pytest-timeout==2.4.0)
+
+if [[ "$part" == wheels ]]; then
+    exclude="$(git rev-parse --git-path info/exclude)"
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+    for w in "${WHEELS[@]}"; do
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$w"
+    done
+    ls .whl
+    exit 0
+fi
+if [[ -d .whl ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+PY=python3
+"$PY" -c "import torch, privdl; assert torch.cuda.is_available(), 'no CUDA'; \
+print(torch.__version__, torch.cuda.get_device_name(), 'privdl', privdl.__version__)" \
+    | tee "$OUT/setup.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$OUT/nvidia-smi.csv" || true
+
+case "$part" in
+engine)
+    "$PY" benchmarks/bench_engine.py --device cuda --iters 100 --loop-iters 3 --check \
+        --json-out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
+decor)
+    "$PY" benchmarks/bench_decor.py --device cuda --iters 100 --loop-iters 3 \
+        --json-out "$OUT/decor.json" 2>&1 | tee "$OUT/decor.log"
+    "$PY" benchmarks/bench_noise.py --device cuda --json-out "$OUT/noise.json" 2>&1 \
+        | tee "$OUT/noise.log" ;;
+rpca)
+    for m in admm ialm; do
+        "$PY" benchmarks/bench_rpca.py --device cuda --method "$m" 2>&1 | tee "$OUT/rpca-$m.log"
+    done ;;
+federated)
+    data="${PRIVDL_DATA_DIR:-data}/mnist"
+    [[ -d "$data" ]] || data="${PRIVDL_DATA_DIR:-data}"
+    "$PY" -m privdl reproduce robust-hdp-mnist --device cuda --data-dir "$data" \
+        --out "$OUT/federated" --set methods=robust-hdp --set dists=Dist6 --set rounds=3 \
+        2>&1 | tee "$OUT/federated.log" ;;
+tests)
+    "$PY" -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" ;;
+esac
