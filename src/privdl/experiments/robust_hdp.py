@@ -686,10 +686,11 @@ def falsified_checks(
 
     Robust-HDP and DPFedAvg never read the reported eps: identical weights and accuracy.
     WeiAvg's falsifier weight is ``eps'/(eps' + sum of the others)`` and its aggregate noise is
-    larger at the largest eps' than at the smallest; PFA's public cluster (2-means on the reported eps) narrows to the falsifier,
-    whose noisy update then shapes the projection subspace. In full mode both lose at
-    least :data:`FALSIFIED_DROP_POINTS` accuracy points from the smallest to the largest eps'
-    (the quick linear model's 2 rounds are too short for accuracy to say anything)."""
+    larger at the largest eps' than at the smallest; PFA's public cluster (2-means on the
+    reported eps) narrows to the falsifier, whose noisy update then shapes the projection
+    subspace. In full mode both lose at least :data:`FALSIFIED_DROP_POINTS` accuracy points from
+    the smallest to the largest eps' (the quick linear model's 2 rounds are too short for
+    accuracy to say anything)."""
     checks: dict[str, bool] = {}
     if len(grid) < 2:
         return checks
