@@ -140,11 +140,12 @@ def test_oracle_weights_inverse_variance_and_eq7_matches_measured_noise() -> Non
 
 
 def test_robust_hdp_ignores_reported_eps_weiavg_does_not() -> None:
-    """Spec O2: a falsified eps leaves Robust-HDP weights bit-identical; WeiAvg follows it."""
+    """Spec O2: a falsified eps leaves Robust-HDP and DPFedAvg weights bit-identical; WeiAvg
+    follows it."""
     eps, b = [1.0, 2.0, 0.5, 1.0], [8, 8, 8, 16]
     out = {}
     for rep in (None, (1.0, 2.0, 0.5, 20.0)):
-        for agg in ("robust-hdp", "weiavg"):
+        for agg in ("robust-hdp", "weiavg", "dpfedavg"):
             kw = {"max_iter": 100} if agg == "robust-hdp" else {}
             cfg = FederatedConfig(
                 batch_sizes=tuple(b), lr=0.01, rounds=3, epsilons=tuple(eps), reported_epsilons=rep
@@ -154,6 +155,7 @@ def test_robust_hdp_ignores_reported_eps_weiavg_does_not() -> None:
                 warnings.simplefilter("ignore", RPCANotConvergedWarning)
                 out[(rep is None, agg)] = fl.step(fl.init(params, seed=1))[1]["weights"]
     assert torch.equal(out[(True, "robust-hdp")], out[(False, "robust-hdp")])
+    assert torch.equal(out[(True, "dpfedavg")], out[(False, "dpfedavg")])
     assert float(out[(False, "weiavg")][3]) == pytest.approx(20.0 / (20.0 + 3.5))
     assert float(out[(True, "weiavg")][3]) == pytest.approx(1.0 / 4.5)
 
