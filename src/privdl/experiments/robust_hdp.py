@@ -659,7 +659,8 @@ def run_falsified(
             "",
             "PFA's public cluster (2-means on the reported eps), clients: "
             + ", ".join(
-                f"{int(two_means_split(np.array([g, *eps[1:]])).sum())} at eps'={g:g}" for g in grid
+                f"{int(mask.sum())} at eps'={g:g}"
+                for mask, g in zip(pfa_public_clusters(grid, eps), grid, strict=True)
             )
             + ".",
             "",
@@ -692,6 +693,11 @@ def _falsified_plot(path: Path, series: dict[str, list[float]], grid: list[float
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def pfa_public_clusters(grid: list[float], eps: list[float]) -> list[np.ndarray]:
+    """PFA's public-cluster mask (2-means on the reported eps) for each falsifier's eps'."""
+    return [two_means_split(np.array([g, *eps[1:]])) for g in grid]
 
 
 FALSIFIED_DROP_POINTS = 1.0  # "degrades markedly": at least this many accuracy points (full)
@@ -741,7 +747,7 @@ def falsified_checks(
                 wa[-1]["noise"] > results["robust-hdp"][-1]["noise"]
             )
     if pf:
-        public = [two_means_split(np.array([g, *eps[1:]])) for g in grid]
+        public = pfa_public_clusters(grid, eps)
         checks["PFA's public cluster narrows to the falsifier as eps' grows"] = bool(
             public[-1][0] and public[-1].sum() < public[0].sum()
         )
