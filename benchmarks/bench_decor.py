@@ -8,7 +8,10 @@ Timed (median ms per iteration after warm-up):
 * ``decor``: :class:`privdl.algorithms.decor.Decor` ``.step`` (vectorized per-example gradients,
   keyed correlated noise N = K Z through the incidence matrix, independent noise, gossip);
 * ``nonprivate``: :class:`privdl.algorithms.dsgd.DSGD` without clipping or noise, same oracle;
-* ``noise``: the noise generation of one DECOR step alone (correlated + independent);
+* ``noise``: the noise generation of one DECOR step alone (correlated + independent), one
+  iteration per call;
+* on CUDA also ``decor_unprefetched``: the DECOR step with one noise launch pair per iteration
+  (``PRIVDL_NOISE_BLOCK_BYTES=1``), as before the noise was drawn in blocks of iterations;
 * ``loop``: a faithful per-node Python loop: one ``nn.Module`` + ``torch.optim.SGD`` per node,
   per-example clipping by a loop over the batch, and, per node, the correlated noise of each of
   its edges drawn from a generator keyed by (edge secret, t) -- what each endpoint would do --
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import statistics
 
@@ -36,6 +40,7 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
+from privdl.mechanisms import fused_noise
 from privdl.mechanisms.correlated import decor_noise
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
@@ -172,7 +177,23 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
             [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
         )
         rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
-    out = {
+    out = {}
+    if DEVICE.type == "cuda":  # as before prefetching: one launch pair per step (K = 1)
+        os.environ["PRIVDL_NOISE_BLOCK_BYTES"] = "1"
+        fused_noise._PREFETCHED.clear()  # no step is served from an earlier, longer block
+        try:
+            ratios = []
+            for _ in range(3):
+                t_decor, t_plain = interleaved_seconds(
+                    [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
+                )
+                ratios.append(statistics.median(t_decor) / statistics.median(t_plain))
+            out["decor_unprefetched_over_nonprivate_per_round"] = [round(r, 3) for r in ratios]
+            out["decor_unprefetched_over_nonprivate"] = statistics.median(ratios)
+        finally:
+            del os.environ["PRIVDL_NOISE_BLOCK_BYTES"]
+            fused_noise._PREFETCHED.clear()
+    out |= {
         "decor_ms": statistics.median(r[0] for r in rounds),
         "nonprivate_ms": statistics.median(r[1] for r in rounds),
         "decor_over_nonprivate_per_round": [round(r[0] / r[1], 3) for r in rounds],

@@ -185,15 +185,22 @@ def main() -> None:
     per_node = [p.numel() // N_NODES for p in plist]
     counter = itertools.count()
 
-    def library_private_step(backend: str) -> Callable[[], None]:
+    def library_private_step(backend: str, prefetch: bool = True) -> Callable[[], None]:
         """As ``private_step``, with privdl's per-node keyed noise streams, drawn in the background
-        while the gradients are computed (what DSGD/LDP runs)."""
+        while the gradients are computed (what DSGD/LDP runs). ``prefetch``: on CUDA, draw a
+        block of iterations per launch (DSGD does; a no-op elsewhere)."""
 
         def step() -> None:
             t = next(counter)
             pending = in_background(  # as DSGD does: the noise is drawn while the grads run
                 lambda: independent_noise(
-                    node_keys, t, sum(per_node), sigma=noise_scale, device=device, backend=backend
+                    node_keys,
+                    t,
+                    sum(per_node),
+                    sigma=noise_scale,
+                    device=device,
+                    backend=backend,
+                    prefetch=prefetch,
                 ),
                 device=device,
             )
@@ -230,24 +237,26 @@ def main() -> None:
     # the same private step with privdl's keyed streams (one per node), against non-private
     # three alternating rounds per backend; the ratio is the median of the per-round ratios, so a
     # drift in the machine's load between the two measurements does not decide it
-    for backend in ("aes-ziggurat", "chacha20", "torch"):
+    variants = [("aes-ziggurat", True), ("chacha20", True), ("torch", True)]
+    if device.type == "cuda":  # the fused keyed streams one launch pair per step, as before
+        variants.append(("chacha20", False))
+    for backend, prefetch in variants:
         lib_ms, per_round = [], []
         for _ in range(3):
             t_lib, t_non2 = _interleaved(
-                [library_private_step(backend), nonprivate_step],
+                [library_private_step(backend, prefetch), nonprivate_step],
                 iters=args.iters,
                 warmup=1,
                 device=device,
             )
             lib_ms.append(statistics.median(t_lib))
             per_round.append(statistics.median(t_lib) / statistics.median(t_non2))
-        results[f"ms_per_iter_private_{backend}_streams"] = round(
-            1e3 * statistics.median(lib_ms), 3
-        )
-        results[f"ratio_private_{backend}_streams_over_nonprivate"] = round(
+        name = backend if prefetch else f"{backend}_unprefetched"
+        results[f"ms_per_iter_private_{name}_streams"] = round(1e3 * statistics.median(lib_ms), 3)
+        results[f"ratio_private_{name}_streams_over_nonprivate"] = round(
             statistics.median(per_round), 3
         )
-        results[f"ratio_private_{backend}_streams_per_round"] = [round(r, 3) for r in per_round]
+        results[f"ratio_private_{name}_streams_per_round"] = [round(r, 3) for r in per_round]
     default = resolve_backend("auto", device)  # what DSGD/LDP/DECOR runs use by default
     results["default_streams"] = default
     results["ratio_private_default_streams_over_nonprivate"] = results[

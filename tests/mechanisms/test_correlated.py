@@ -314,3 +314,14 @@ def test_cpu_decor_noise_refuses_node_keys_that_do_not_match_the_rows() -> None:
     _, edges, keys = _setup("ring")
     with pytest.raises(ConfigError, match="node noise keys"):
         decor_noise(keys, edges, 16, [b"k" * 32] * 3, 0, 10, sigma_cor=1.0, sigma_cdp=1.0)
+
+
+def test_noise_block_length_fits_the_budget() -> None:
+    from privdl.mechanisms.fused_noise import block_steps
+
+    # DECOR MNIST on torus:4x4: 16 rows x 101,770 floats, 32 edge + 16 node streams
+    per_step = 4 * 16 * 101_770 + 12 * 50_886 * 48
+    assert block_steps(streams=48, rows=16, size=101_770, budget=10 * per_step) == 10
+    assert block_steps(streams=48, rows=16, size=101_770, budget=10 * per_step - 1) == 9
+    assert block_steps(streams=48, rows=16, size=101_770, budget=1) == 1  # at least one step
+    assert block_steps(streams=1, rows=1, size=10, budget=2**30) == 32  # at most 32

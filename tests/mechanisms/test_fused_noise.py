@@ -156,3 +156,64 @@ def test_decor_and_dsgd_steps_use_it_and_keep_their_trajectories(monkeypatch) ->
     ldp = DSGD(StepSize(0.1), clip=clip, sigma=0.02)
     for k, v in run(ldp, True).items():
         assert torch.equal(v, run(ldp, False)[k])
+
+
+def test_keystream_kernel_makes_consecutive_counters_in_one_launch() -> None:
+    """The third grid axis: slab k is OpenSSL's keystream at counter + k, with the carry from
+    the low nonce word into the high one."""
+    keys = [hashlib.sha256(f"c{i}".encode()).digest() for i in range(2)]
+    counter, substream, n_blocks, steps = 2**32 - 2, 9, 5, 4
+    words = np.frombuffer(b"".join(keys), dtype="<u4").reshape(-1, 8).view(np.int32)
+    key_words = torch.from_numpy(words.copy()).to(DEVICE)
+    out = torch.empty((steps * 2, n_blocks * 16), dtype=torch.int32, device=DEVICE)
+    nonce = np.frombuffer(fused_noise._nonce(counter, substream)[4:], dtype="<u4").tolist()
+    prng._chacha20_kernel[(1, 2, steps)](key_words, out, n_blocks, *nonce, BLOCK=64)
+    for k in range(steps):
+        for s, key in enumerate(keys):
+            want = keystream(key, counter + k, n_blocks * 64, substream=substream)
+            assert out[k * 2 + s].cpu().numpy().tobytes() == want, (k, s)
+
+
+@pytest.mark.parametrize(
+    "sigmas", [(0.4, 0.03), (0.4, 0.0), (0.0, 0.2)], ids=["decor", "correlated", "ldp"]
+)
+def test_a_block_of_steps_equals_the_steps_one_by_one_bitwise(sigmas) -> None:
+    s_cor, s_cdp = sigmas
+    n, edges, edge_keys, node_keys = _setup("torus:3x3", 777)
+    rows = [8, 0, 4]
+    kw = dict(sigma_cor=s_cor, sigma_cdp=s_cdp, device=DEVICE, nodes=rows)
+    keys = [node_keys[r] for r in rows]
+    block = fused_noise.fused_decor_noise(edge_keys, edges, n, keys, 6, 777, steps=3, **kw)
+    assert block.shape == (3, 3, 777)
+    for k in range(3):
+        one = fused_noise.fused_decor_noise(edge_keys, edges, n, keys, 6 + k, 777, **kw)
+        assert torch.equal(block[k], one), k
+    assert not torch.equal(block[0], block[1])
+
+
+def test_prefetched_noise_serves_every_step_from_blocks(monkeypatch) -> None:
+    """Iteration t comes from the block starting at t - t mod K: the same values as the
+    one-iteration call at every t (also when a run resumes mid-block), in ceil(T/K) launches."""
+    n, edges, edge_keys, node_keys = _setup("ring:5", 301)
+    per_step = 4 * n * 301 + 12 * prng.row_pairs(301) * (len(edge_keys) + n)
+    monkeypatch.setenv("PRIVDL_NOISE_BLOCK_BYTES", str(3 * per_step + 7))  # K = 3
+    assert fused_noise.block_steps(streams=len(edge_keys) + n, rows=n, size=301) == 3
+    launches = []
+    real = fused_noise._launch
+    monkeypatch.setattr(
+        fused_noise,
+        "_launch",
+        lambda plan, c, k, *a: launches.append((c, k)) or real(plan, c, k, *a),
+    )
+    monkeypatch.setattr(fused_noise, "_PREFETCHED", {})
+    kw = dict(sigma_cor=0.5, sigma_cdp=0.1, device=DEVICE)
+    for t in [4, 5, 6, 7, 8, 9, 10]:  # resumed at t = 4, in the block [3, 6)
+        got = fused_noise.prefetched_decor_noise(edge_keys, edges, n, node_keys, t, 301, **kw)
+        want = fused_noise.fused_decor_noise(edge_keys, edges, n, node_keys, t, 301, **kw)
+        assert torch.equal(got, want), t
+    blocks = [c for c, k in launches if k == 3]
+    assert blocks == [3, 6, 9]  # the rest are the one-iteration oracle calls
+    other = fused_noise.prefetched_decor_noise(
+        edge_keys, edges, n, node_keys, 10, 301, sigma_cor=0.5, sigma_cdp=0.2, device=DEVICE
+    )
+    assert not torch.equal(other, want)  # another sigma is another block, not the cached one

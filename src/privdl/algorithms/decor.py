@@ -97,6 +97,7 @@ class Decor:
                 device=first.device,
                 nodes=None if len(owned) == self.n_nodes else owned,
                 backend=self.noise_backend,
+                prefetch=True,  # used out of place below
             )
 
         pending = in_background(draw, device=first.device)  # drawn while line 2 runs

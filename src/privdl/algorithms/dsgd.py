@@ -26,15 +26,32 @@ from privdl.errors import ConfigError
 
 
 def gaussian_tree(
-    keys: tuple[bytes, ...], counter: int, like: Tree, *, sigma: float, backend: str = "auto"
+    keys: tuple[bytes, ...],
+    counter: int,
+    like: Tree,
+    *,
+    sigma: float,
+    backend: str = "auto",
+    prefetch: bool = False,
 ) -> Tree:
-    """Per-node Gaussian noise ``N(0, sigma^2)`` shaped like ``like`` (stream row i = node i)."""
+    """Per-node Gaussian noise ``N(0, sigma^2)`` shaped like ``like`` (stream row i = node i).
+
+    ``prefetch``: as in :func:`privdl.mechanisms.correlated.independent_noise` (leaves are then
+    views into a cached block of iterations; use them out of place).
+    """
     from privdl.mechanisms.correlated import independent_noise
 
     first = next(iter(like.values()))
     size = sum(v[0].numel() for v in like.values())
     flat = independent_noise(
-        keys, counter, size, sigma=sigma, dtype=first.dtype, device=first.device, backend=backend
+        keys,
+        counter,
+        size,
+        sigma=sigma,
+        dtype=first.dtype,
+        device=first.device,
+        backend=backend,
+        prefetch=prefetch,
     )
     return unflatten(flat, like)
 
@@ -90,7 +107,9 @@ class DSGD:
             keys = tuple(state.noise_keys[i] for i in comm.owned_list)
             like = state.params
             pending = in_background(
-                lambda: gaussian_tree(keys, t, like, sigma=self.sigma, backend=self.noise_backend),
+                lambda: gaussian_tree(
+                    keys, t, like, sigma=self.sigma, backend=self.noise_backend, prefetch=True
+                ),
                 device=next(iter(like.values())).device,
             )
         res = oracle(state.params, t, clip=self.clip)

@@ -162,6 +162,7 @@ class Porter:
                     dtype=state.v.dtype,
                     device=state.v.device,
                     backend=self.noise_backend,
+                    prefetch=True,  # used out of place
                 ),
                 device=state.v.device,
             )

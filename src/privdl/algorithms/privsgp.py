@@ -374,6 +374,7 @@ class PrivSGP:
                     dtype=x_flat.dtype,
                     device=x_flat.device,
                     backend=self.noise_backend,
+                    prefetch=True,  # used out of place
                 ),
                 device=x_flat.device,
             )

@@ -21,7 +21,11 @@ import torch
 
 from privdl.errors import ConfigError, GraphError, PrivacyError
 from privdl.mechanisms._pool import run_parallel, usable_cpus
-from privdl.mechanisms.fused_noise import fused_available, fused_decor_noise
+from privdl.mechanisms.fused_noise import (
+    fused_available,
+    fused_decor_noise,
+    prefetched_decor_noise,
+)
 from privdl.mechanisms.prng import NormalBackend, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
 
@@ -252,17 +256,22 @@ def independent_noise(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     backend: NormalBackend = "auto",
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """Rows vbar_i^(t) ~ N(0, sigma^2 I) from each node's private key (Alg 1 line 3; LDP noise).
 
-    ``counter`` is the iteration t. Returns ``(len(node_keys), size)``.
+    ``counter`` is the iteration t. Returns ``(len(node_keys), size)``. ``prefetch=True`` lets
+    the fused CUDA path draw the next iterations too and return a view into that block
+    (:func:`privdl.mechanisms.fused_noise.prefetched_decor_noise`; same values): the caller
+    must not modify the result in place.
     """
     sigma = _check_sigma("sigma", sigma)
     if sigma == 0.0:
         return torch.zeros((len(node_keys), size), dtype=dtype, device=device)
     if fused_available(device, dtype, backend):  # CUDA: keystream + Box-Muller in two kernels
         n = len(node_keys)
-        return fused_decor_noise(
+        fused = prefetched_decor_noise if prefetch else fused_decor_noise
+        return fused(
             (), (), n, node_keys, counter, size, sigma_cor=0.0, sigma_cdp=sigma, device=device
         )
     work = torch.float64 if dtype == torch.float64 else torch.float32
@@ -284,6 +293,7 @@ def decor_noise(
     device: torch.device | str = "cpu",
     nodes: Sequence[int] | None = None,
     backend: NormalBackend = "auto",
+    prefetch: bool = False,
 ) -> torch.Tensor | None:
     """A DECOR step's noise ``sum_{j in N_i} v_ij + vbar_i`` for the requested rows (Alg 1 line 3,
     eq. 3), or None when both sigmas are 0.
@@ -291,14 +301,18 @@ def decor_noise(
     ``node_keys[r]`` is the private noise key of the r-th requested row (``nodes``, all if None).
     It is :func:`correlated_noise` plus :func:`independent_noise`; on CUDA with the ``chacha20``
     streams in float32 both are made by two fused kernels
-    (:func:`privdl.mechanisms.fused_noise.fused_decor_noise`, the same values).
+    (:func:`privdl.mechanisms.fused_noise.fused_decor_noise`, the same values); there
+    ``prefetch=True`` draws the next iterations in the same launches and returns a view into that
+    block (:func:`~privdl.mechanisms.fused_noise.prefetched_decor_noise`), not to be modified in
+    place.
     """
     sigma_cor = _check_sigma("sigma_cor", sigma_cor)
     sigma_cdp = _check_sigma("sigma_cdp", sigma_cdp)
     if sigma_cor == 0.0 and sigma_cdp == 0.0:
         return None
     if fused_available(device, dtype, backend):
-        return fused_decor_noise(
+        fused = prefetched_decor_noise if prefetch else fused_decor_noise
+        return fused(
             edge_keys,
             edges,
             n_nodes,

@@ -46,7 +46,7 @@ from privdl.mechanisms.prng import (
     triton,
 )
 
-__all__ = ["fused_available", "fused_decor_noise"]
+__all__ = ["block_steps", "fused_available", "fused_decor_noise", "prefetched_decor_noise"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 _KEYSTREAM_BLOCK = 256  # ChaCha20 blocks per program
@@ -86,7 +86,10 @@ if triton is not None:
 
     @triton.jit
     def _pair(ks64_ptr, ks32_ptr, stream, row64, row32, m, j, inside, angle_step):
-        """Box-Muller pair j of a stream (layout v2): r cos(a), r sin(a) in float32."""
+        """Box-Muller pair j of a stream (layout v2): r cos(a), r sin(a) in float32.
+
+        ``stream`` counts rows of the keystream array from its start (a step's slab included).
+        """
         s64 = stream.to(tl.int64)
         w = tl.load(ks64_ptr + s64 * row64 + j, mask=inside, other=0)
         f = ((w & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000).to(tl.float64, bitcast=True)
@@ -108,6 +111,7 @@ if triton is not None:
         slot_stream_ptr,
         slot_sign_ptr,
         node_base,
+        streams,
         sigma_cor,
         sigma_cdp,
         angle_step,
@@ -118,9 +122,12 @@ if triton is not None:
         BLOCK: tl.constexpr,
     ):
         """Row ``program_id(1)``: sigma_cor * sum_slots (+-z_e) [+ sigma_cdp * z_node], pairs
-        ``j`` of block ``program_id(0)`` (cos half at ``j``, sin half at ``m + j``)."""
+        ``j`` of block ``program_id(0)`` (cos half at ``j``, sin half at ``m + j``), for the
+        iteration ``program_id(2)`` of the block (keystream slab ``streams`` rows long)."""
         r = tl.program_id(1)
         j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        step = tl.program_id(2).to(tl.int64)
+        first = step * streams  # the step's first keystream row
         inside = j < m
         if HAS_COR:
             acc_c = tl.zeros([BLOCK], dtype=tl.float32)
@@ -131,7 +138,7 @@ if triton is not None:
                 0, MAX_DEGREE
             ):  # incident edges in edge order; a row stops at its degree
                 used = k < degree
-                stream = tl.load(slot_stream_ptr + start + k, mask=used, other=0)
+                stream = first + tl.load(slot_stream_ptr + start + k, mask=used, other=0)
                 sign = tl.load(slot_sign_ptr + start + k, mask=used, other=0)
                 zc, zs = _pair(ks64_ptr, ks32_ptr, stream, row64, row32, m, j, inside, angle_step)
                 acc_c = tl.where(sign > 0, acc_c + zc, tl.where(sign < 0, acc_c - zc, acc_c))
@@ -140,17 +147,25 @@ if triton is not None:
             acc_s = acc_s * sigma_cor
             if HAS_NODE:
                 zc, zs = _pair(
-                    ks64_ptr, ks32_ptr, node_base + r, row64, row32, m, j, inside, angle_step
+                    ks64_ptr,
+                    ks32_ptr,
+                    first + node_base + r,
+                    row64,
+                    row32,
+                    m,
+                    j,
+                    inside,
+                    angle_step,
                 )
                 acc_c = acc_c + zc * sigma_cdp
                 acc_s = acc_s + zs * sigma_cdp
         else:
             zc, zs = _pair(
-                ks64_ptr, ks32_ptr, node_base + r, row64, row32, m, j, inside, angle_step
+                ks64_ptr, ks32_ptr, first + node_base + r, row64, row32, m, j, inside, angle_step
             )
             acc_c = zc * sigma_cdp
             acc_s = zs * sigma_cdp
-        out = out_ptr + r.to(tl.int64) * size
+        out = out_ptr + (step * tl.num_programs(1) + r.to(tl.int64)) * size
         tl.store(out + j, acc_c, mask=inside & (j < size))
         tl.store(out + m + j, acc_s, mask=inside & (m + j < size))
 
@@ -245,29 +260,60 @@ def fused_decor_noise(
     device: torch.device | str,
     nodes: Sequence[int] | None = None,
     substream: int = 0,
+    steps: int | None = None,
 ) -> torch.Tensor:
     """Rows ``sigma_cor * sum_{j in N_i} (+-z_ij) + sigma_cdp * z_i`` for ``nodes`` (all if None).
 
     ``node_keys[r]`` is the noise key of the r-th requested row. ``sigma_cor = 0`` (or no edges)
     leaves the correlated part out; ``sigma_cdp = 0`` the independent one. The values equal
     ``correlated_noise(...) + independent_noise(...)`` of the ``chacha20`` backend (module doc).
-    Returns ``(rows, size)`` float32 on ``device``.
+    Returns ``(rows, size)`` float32 on ``device``; with ``steps=K``, ``(K, rows, size)``: the
+    noise of iterations ``counter, ..., counter + K - 1``, still in two launches (each slab
+    equals the one-iteration call at its counter).
     """
-    from privdl.errors import ConfigError, PrivacyError
+    from privdl.errors import PrivacyError
 
     if triton is None:
         raise PrivacyError("fused noise needs Triton")
     device = torch.device(device)
+    k = 1 if steps is None else int(steps)
+    if k < 1 or counter + k - 1 >= 2**64:
+        raise PrivacyError(f"steps must be >= 1 and end below counter 2^64; got {steps}")
     rows = tuple(range(n_nodes)) if nodes is None else tuple(int(r) for r in nodes)
     has_cor, has_node = sigma_cor > 0.0, sigma_cdp > 0.0
     if has_node and len(node_keys) != len(rows):
         raise PrivacyError(f"got {len(node_keys)} node keys for {len(rows)} rows")
+    shape = (len(rows), size) if steps is None else (k, len(rows), size)
     if not (has_cor or has_node) or size == 0 or not rows:
-        return torch.zeros((len(rows), size), dtype=torch.float32, device=device)
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    plan = _plan_for(edge_keys, edges, n_nodes, node_keys, rows, has_cor, has_node, device)
+    has_cor = has_cor and len(plan.slot_stream) > 0
+    if not (has_cor or has_node):  # no requested row has an edge
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    m = row_pairs(size)
+    if 12 * m > _MAX_STREAM_BYTES:
+        raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
+    _nonce(counter, substream)  # validates both
+    out = _launch(plan, counter, k, size, m, substream, sigma_cor, sigma_cdp, has_cor, has_node)
+    return out.view(shape)
+
+
+def _plan_for(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    rows: tuple[int, ...],
+    has_cor: bool,
+    has_node: bool,
+    device: torch.device,
+) -> _Plan:
+    from privdl.errors import ConfigError
+
     edge_bytes, n_edges = _checked_edges(edges, n_nodes) if has_cor else (b"", 0)
     if has_cor and len(edge_keys) != n_edges:
         raise ConfigError(f"got {len(edge_keys)} edge keys for {n_edges} edges")
-    plan = _plan(
+    return _plan(
         tuple(edge_keys) if has_cor else (),
         edge_bytes,
         rows,
@@ -275,20 +321,30 @@ def fused_decor_noise(
         n_nodes,
         str(device),
     )
-    has_cor = has_cor and len(plan.slot_stream) > 0
-    if not (has_cor or has_node):  # no requested row has an edge
-        return torch.zeros((len(rows), size), dtype=torch.float32, device=device)
-    m = row_pairs(size)
-    if 12 * m > _MAX_STREAM_BYTES:
-        raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
+
+
+def _launch(
+    plan: _Plan,
+    counter: int,
+    steps: int,
+    size: int,
+    m: int,
+    substream: int,
+    sigma_cor: float,
+    sigma_cdp: float,
+    has_cor: bool,
+    has_node: bool,
+) -> torch.Tensor:
+    """The two kernels for iterations ``counter .. counter + steps - 1``: ``(steps * rows, size)``."""
+    device = plan.indptr.device
     n_blocks = (12 * m // 4 + 15) // 16  # 3m keystream words of 32 bits, in 64-byte blocks
     nonce = np.frombuffer(_nonce(counter, substream)[4:], dtype="<u4").tolist()
     streams = plan.key_words.shape[0]
-    ks = torch.empty((streams, n_blocks * 16), dtype=torch.int32, device=device)
-    grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), streams)
+    ks = torch.empty((steps * streams, n_blocks * 16), dtype=torch.int32, device=device)
+    grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), streams, steps)
     _chacha20_kernel[grid](plan.key_words, ks, n_blocks, *nonce, BLOCK=_KEYSTREAM_BLOCK)
-    out = torch.empty((plan.n_rows, size), dtype=torch.float32, device=device)
-    grid = (triton.cdiv(m, _PAIR_BLOCK), plan.n_rows)
+    out = torch.empty((steps * plan.n_rows, size), dtype=torch.float32, device=device)
+    grid = (triton.cdiv(m, _PAIR_BLOCK), plan.n_rows, steps)
     _noise_kernel[grid](
         ks.view(torch.int64),
         ks,
@@ -300,6 +356,7 @@ def fused_decor_noise(
         plan.slot_stream,
         plan.slot_sign,
         plan.node_base,
+        streams,
         float(sigma_cor),
         float(sigma_cdp),
         float(np.float32(_ANGLE_STEP)),
@@ -311,3 +368,87 @@ def fused_decor_noise(
         enable_fp_fusion=False,  # no FMA: the composed path rounds every product before it adds
     )
     return out
+
+
+# Iterations drawn ahead: (call's identity) -> (first iteration, (K, rows, size) block).
+_PREFETCHED: dict[tuple, tuple[int, torch.Tensor]] = {}
+
+
+def block_steps(*, streams: int, rows: int, size: int, budget: int | None = None) -> int:
+    """How many iterations :func:`prefetched_decor_noise` draws in one launch: as many as fit
+    ``budget`` bytes (``PRIVDL_NOISE_BLOCK_BYTES``, default 512 MiB) of block and keystream,
+    at least 1 and at most 32."""
+    if budget is None:
+        budget = int(os.environ.get("PRIVDL_NOISE_BLOCK_BYTES", str(_BLOCK_BUDGET)))
+    per_step = 4 * rows * size + 12 * row_pairs(size) * streams
+    return max(1, min(_MAX_BLOCK_STEPS, budget // max(per_step, 1)))
+
+
+_BLOCK_BUDGET = 512 * 2**20
+_MAX_BLOCK_STEPS = 32
+
+
+def prefetched_decor_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    sigma_cdp: float,
+    device: torch.device | str,
+    nodes: Sequence[int] | None = None,
+    substream: int = 0,
+) -> torch.Tensor:
+    """:func:`fused_decor_noise` of iteration ``counter``, served from a block of iterations.
+
+    On a GPU a step of a small model is bound by host time, and the two launches with their
+    Python cost about 0.2 ms (issue 2's benchmark). Here iteration ``t`` draws the block of
+    iterations ``t0 .. t0 + K - 1`` with ``t0 = t - t mod K`` (:func:`block_steps`) in those two
+    launches, and the later iterations of the block are views into it. The values are those of
+    the one-iteration call (the counter-based streams do not depend on how they are batched), so
+    a resumed run or one with another ``K`` draws the same noise. The result is a view into a
+    cached block: use it out of place.
+    """
+    device = torch.device(device)
+    rows = tuple(range(n_nodes)) if nodes is None else tuple(int(r) for r in nodes)
+    key = (
+        tuple(edge_keys) if sigma_cor > 0 else (),
+        _checked_edges(edges, n_nodes)[0] if sigma_cor > 0 else b"",
+        n_nodes,
+        tuple(node_keys) if sigma_cdp > 0 else (),
+        rows,
+        size,
+        float(sigma_cor),
+        float(sigma_cdp),
+        substream,
+        str(device),
+    )
+    held = _PREFETCHED.get(key)
+    if held is not None and 0 <= counter - held[0] < held[1].shape[0]:
+        return held[1][counter - held[0]]
+    streams = (len(edge_keys) if sigma_cor > 0 else 0) + (len(rows) if sigma_cdp > 0 else 0)
+    k = block_steps(streams=streams, rows=len(rows), size=size)
+    start = counter - counter % k
+    k = min(k, 2**64 - start)
+    block = fused_decor_noise(
+        edge_keys,
+        edges,
+        n_nodes,
+        node_keys,
+        start,
+        size,
+        sigma_cor=sigma_cor,
+        sigma_cdp=sigma_cdp,
+        device=device,
+        nodes=nodes,
+        substream=substream,
+        steps=k,
+    )
+    _PREFETCHED.pop(key, None)
+    if len(_PREFETCHED) >= 4:  # a few concurrent callers (e.g. two runs in one process)
+        _PREFETCHED.pop(next(iter(_PREFETCHED)))
+    _PREFETCHED[key] = (start, block)
+    return block[counter - start]

@@ -168,8 +168,14 @@ if triton is not None:
     @triton.jit
     def _chacha20_kernel(key_ptr, out_ptr, n_blocks, n0, n1, n2, BLOCK: tl.constexpr):
         """RFC 8439 block function: stream ``program_id(1)`` with key words ``key_ptr[s, 0:8]``,
-        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program."""
+        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program.
+
+        A third grid axis makes consecutive iterations in one launch: program ``k`` of it
+        writes iteration ``counter + k`` (the 64-bit counter is ``n1:n0``) into the ``k``-th
+        ``(streams, n_blocks * 16)`` slab of ``out`` (the caller keeps ``counter + k < 2^64``).
+        """
         stream = tl.program_id(1)
+        step = tl.program_id(2).to(tl.int64)
         block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = block < n_blocks
         base = key_ptr + stream * 8
@@ -188,8 +194,9 @@ if triton is not None:
         s11 = tl.load(base + 7).to(tl.uint32, bitcast=True) + zero
         s12 = block.to(tl.uint32)
         wide = tl.zeros([BLOCK], dtype=tl.int64)  # the nonce words may arrive as constants (1)
-        s13 = (wide + n0).to(tl.uint32)
-        s14 = (wide + n1).to(tl.uint32)
+        low = wide + n0 + step  # counter + k, carried into the high word
+        s13 = (low & 0xFFFFFFFF).to(tl.uint32)
+        s14 = ((wide + n1 + (low >> 32)) & 0xFFFFFFFF).to(tl.uint32)
         s15 = (wide + n2).to(tl.uint32)
         x0, x1, x2, x3, x4, x5, x6, x7 = s0, s1, s2, s3, s4, s5, s6, s7
         x8, x9, x10, x11, x12, x13, x14, x15 = s8, s9, s10, s11, s12, s13, s14, s15
@@ -202,7 +209,8 @@ if triton is not None:
             x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
             x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
             x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
-        out = out_ptr + stream.to(tl.int64) * n_blocks * 16 + block * 16
+        slab = step * tl.num_programs(1) + stream.to(tl.int64)
+        out = out_ptr + slab * n_blocks * 16 + block * 16
         tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
         tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
         tl.store(out + 2, (x2 + s2).to(tl.int32, bitcast=True), mask=inside)
