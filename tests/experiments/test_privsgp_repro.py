@@ -18,7 +18,8 @@ def _check(out, summary):
 
 
 @pytest.mark.parametrize(
-    "name", ["privsgp-mnist-speedup", "privsgp-mnist-ksweep", "privsgp-mnist-vr"]
+    "name",
+    ["privsgp-mnist-speedup", "privsgp-mnist-ksweep", "privsgp-mnist-eps", "privsgp-mnist-vr"],
 )
 def test_quick_mnist_reproductions(name, tmp_path, shared_datasets):
     mnist = shared_datasets / "mnist"
@@ -51,6 +52,7 @@ def test_presets_have_quick_and_full():
     for name in (
         "privsgp-mnist-speedup",
         "privsgp-mnist-ksweep",
+        "privsgp-mnist-eps",
         "privsgp-mnist-vr",
         "privsgp-cifar",
     ):
@@ -90,3 +92,21 @@ def test_time_limit_stops_early_and_reports_it(tmp_path):
     for r in summary["results"]["training"].values():
         assert r["stopped_early"] and r["steps_done"] == 1 < r["steps_planned"] == 50
     assert "1 of 50 (time limit)" in (tmp_path / "report.md").read_text()
+
+
+def test_fig8_grid_is_the_specs_derived_k_star_and_eq11_noise():
+    """Spec s.7.2 [DERIVED]: K* = 92, 207, 368, 575, 828, 1127, 1472 for eps = 0.4, ..., 1.6;
+    at K*(eps) the eq. (11) noise is the anchor's for every eps, and sigma ~ sqrt(K)."""
+    from privdl.experiments.privsgp import eps_grid
+
+    preset = load_preset("privsgp-mnist-eps")
+    full = preset["full"]
+    stars = []
+    for eps in full["epsilons"]:
+        k_star, grid = eps_grid(eps, full["k_star_at_eps1"], preset["k_ratios"], 0.01)
+        stars.append(k_star)
+        (k_lo, s_lo), (k_mid, s_mid), (k_hi, s_hi) = grid
+        assert k_mid == k_star and abs(s_mid - 0.1) < 2e-3  # rounding of K* only
+        assert abs(k_lo - k_star / 2) <= 0.5 and k_hi == 2 * k_star
+        assert abs(s_hi / s_lo - (k_hi / k_lo) ** 0.5) < 1e-12
+    assert stars == [92, 207, 368, 575, 828, 1127, 1472]

@@ -230,7 +230,7 @@ def run_curve(
     agent at x_bar every ``eval_every`` rounds, and the largest tracking-invariant violation."""
     state = alg.init(task.init_params(seed=seed), seed=seed)
     curve: dict[str, Any] = {"round": [], "bits": [], "utility": [], "utility_avg": []}
-    curve["accuracy"], bits, util_sum, invariant = [], 0, 0.0, 0.0
+    curve["accuracy"], bits, util_sum, invariant, scale = [], 0, 0.0, 0.0, 0.0
 
     def log(t: int) -> None:
         nonlocal util_sum
@@ -248,12 +248,15 @@ def run_curve(
         bits += info["bits_per_node"]
         if isinstance(alg, Porter):  # mean_i v_i == mean_i g_p,i (spec §8.1)
             gap = (state.v.mean(0) - info["g_p"].mean(0)).abs().max()
+            size = info["g_p"].abs().max()
         else:  # server shift == mean of client shifts
             gap = (state.server_shift - state.shifts.mean(0)).abs().max()
-        invariant = max(invariant, float(gap))
+            size = state.shifts.abs().max()
+        invariant, scale = max(invariant, float(gap)), max(scale, float(size))
         if t % eval_every == 0 or t == rounds:
             log(t)
     curve["invariant_max_abs"] = invariant
+    curve["invariant_scale"] = scale  # the largest |entry| of what the invariant averages
     return curve
 
 
@@ -294,12 +297,28 @@ def _privacy_rows(
     return rows
 
 
-def _experiment(which: str, out_dir: Path, *, quick: bool, data_dir: str | None) -> dict:
+@dataclass
+class Setup:
+    """One experiment's fixed parts: the preset, its mode table, the task, the gossip, the
+    compressor and Theorem 1's privacy rows (spec §6.1)."""
+
+    which: str
+    pre: dict[str, Any]
+    run: dict[str, Any]
+    task: Any
+    comm: Any
+    comp: Any
+    priv: list[dict[str, Any]]
+    facts: dict[str, Any]
+
+
+def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = True) -> Setup:
+    """Load the preset ``porter-{which}`` and build everything but the algorithms."""
+    from privdl.algorithms.soteria import shift_step
     from privdl.comm.local import LocalCommunicator
     from privdl.mechanisms.compress import RandomK
     from privdl.topology import parse_graph
 
-    start = time.perf_counter()
     pre = load_preset(f"porter-{which}")
     run = pre["quick" if quick else "full"]
     n, seed = pre["n_agents"], pre["seed"]
@@ -322,18 +341,40 @@ def _experiment(which: str, out_dir: Path, *, quick: bool, data_dir: str | None)
     comm = LocalCommunicator(w, dtype=dtype)
     comp = RandomK(fraction=pre["compress_fraction"], value_bits=64, seed_bits=0)
     rho, k, d, m = comp.contraction(task.dim), comp.num_kept(task.dim), task.dim, task.local_samples
-    T, tau, kind = run["rounds"], pre["tau"], pre["clip_kind"]
-    priv = _privacy_rows(pre, T, m, d, calibrate=not quick)
+    T = run["rounds"]
+    priv = _privacy_rows(pre, T, m, d, calibrate=calibrate and not quick)
     hp = pre["step_sizes"]
-    curves: dict[str, Any] = {}
-    omega = d / k - 1
-    from privdl.algorithms.soteria import shift_step
+    facts = {
+        "n_agents": n,
+        "dim": d,
+        "k": k,
+        "compression_rho": rho,
+        "local_samples": m,
+        "mixing": w.rule,
+        "mixing_rate_alpha": mixing_rate(w),
+        "graph": pre["graph"],
+        "gamma_s": hp.get("soteria_gamma_s") or shift_step(omega=d / k - 1),
+        "rounds": T,
+        "tau": pre["tau"],
+        "clip_kind": pre["clip_kind"],
+        "step_sizes": hp,
+    }
+    return Setup(which, pre, run, task, comm, comp, priv, facts)
 
-    gamma_s = hp.get("soteria_gamma_s") or shift_step(omega=omega)
+
+def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str, Any]:
+    """The compared runs by label, in plotting order: per nominal eps PORTER-DP and
+    SoteriaFL-SGD at Theorem 1's sigma_p, then PORTER-GC and BEER (``step_sizes`` as the
+    preset's ``[step_sizes]`` table; default the preset's)."""
+    from privdl.algorithms.base import StepSize
+
+    hp = s.pre["step_sizes"] if step_sizes is None else step_sizes
+    tau, kind, comp = s.pre["tau"], s.pre["clip_kind"], s.comp
     sot_clip = ClipSpec(mode="per_sample", threshold=tau, kind=kind)
-    for row in priv:
+    out: dict[str, Any] = {}
+    for row in s.priv:
         tag = f"eps={row['epsilon_nominal']:g}"
-        dp = porter_dp(
+        out[f"PORTER-DP {tag}"] = porter_dp(
             step_size=hp["porter_dp_eta"],
             gamma=hp["porter_dp_gamma"],
             compressor=comp,
@@ -341,45 +382,31 @@ def _experiment(which: str, out_dir: Path, *, quick: bool, data_dir: str | None)
             sigma_p=row["sigma_p"],
             clip_kind=kind,
         )
-        from privdl.algorithms.base import StepSize
-
-        sot = SoteriaFL(StepSize(hp["soteria_eta"]), gamma_s, comp, sot_clip, row["sigma_p"])
-        curves[f"PORTER-DP {tag}"] = run_curve(
-            dp, task, comm, rounds=T, eval_every=run["eval_every"], seed=seed
+        out[f"SoteriaFL-SGD {tag}"] = SoteriaFL(
+            StepSize(hp["soteria_eta"]), s.facts["gamma_s"], comp, sot_clip, row["sigma_p"]
         )
-        curves[f"SoteriaFL-SGD {tag}"] = run_curve(
-            sot, task, comm, rounds=T, eval_every=run["eval_every"], seed=seed
-        )
-    gc = porter_gc(
+    out["PORTER-GC"] = porter_gc(
         step_size=hp["gc_eta"], gamma=hp["gc_gamma"], compressor=comp, tau=tau, clip_kind=kind
     )
-    be = beer(step_size=hp["beer_eta"], gamma=hp["beer_gamma"], compressor=comp)
-    for label, alg in (("PORTER-GC", gc), ("BEER", be)):
-        curves[label] = run_curve(
-            alg, task, comm, rounds=T, eval_every=run["eval_every"], seed=seed
+    out["BEER"] = beer(step_size=hp["beer_eta"], gamma=hp["beer_gamma"], compressor=comp)
+    return out
+
+
+def _experiment(which: str, out_dir: Path, *, quick: bool, data_dir: str | None) -> dict:
+    start = time.perf_counter()
+    s = setup(which, quick=quick, data_dir=data_dir)
+    curves = {
+        label: run_curve(
+            alg,
+            s.task,
+            s.comm,
+            rounds=s.run["rounds"],
+            eval_every=s.run["eval_every"],
+            seed=s.pre["seed"],
         )
-    summary = _summarise(
-        which,
-        pre,
-        curves,
-        priv,
-        quick=quick,
-        facts={
-            "n_agents": n,
-            "dim": d,
-            "k": k,
-            "compression_rho": rho,
-            "local_samples": m,
-            "mixing": w.rule,
-            "mixing_rate_alpha": mixing_rate(w),
-            "graph": pre["graph"],
-            "gamma_s": gamma_s,
-            "rounds": T,
-            "tau": tau,
-            "clip_kind": kind,
-            "step_sizes": hp,
-        },
-    )
+        for label, alg in algorithms(s).items()
+    }
+    summary = _summarise(which, s.pre, curves, s.priv, quick=quick, facts=s.facts)
     summary["runtime_s"] = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     _plots(curves, out_dir, which)
@@ -396,8 +423,11 @@ def _final(c: dict[str, Any], key: str, frac: float = 0.2) -> float:
 def _summarise(which, pre, curves, priv, *, quick, facts) -> dict[str, Any]:
     k, eps = facts["k"], pre["epsilons"]
     checks: dict[str, bool] = {}
+    # relative to the largest entry averaged: a9a runs in float64, MNIST in float32, where the
+    # running sums of sigma_p ~ 1 noise over 500 rounds left 4e-6 of it (full run, 2026-11-24)
+    rtol = 1e-10 if which == "a9a" else 1e-4
     checks["tracking_invariant_porter"] = all(
-        c["invariant_max_abs"] <= 1e-9 * (1 if which == "a9a" else 1e4)
+        c["invariant_max_abs"] <= rtol * max(c["invariant_scale"], 1.0)
         for name, c in curves.items()
         if not name.startswith("SoteriaFL")
     )
