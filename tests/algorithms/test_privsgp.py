@@ -65,7 +65,8 @@ def test_push_sum_preserves_sums_t4(vr):
     state = alg.init(x0(n, d, distinct=True), oracle, seed=1)
     for _ in range(20):
         before = flatten(state.x).sum(0)
-        z, table, mean = state.params, state.table, state.table_mean
+        z, mean = state.params, state.table_mean
+        table = state.table.clone() if vr else None  # step updates the table in place
         new, _ = alg.step(state, oracle, comm)
         # recompute the half step independently from the step's own inputs
         from privdl.algorithms.privsgp import _sample_index
@@ -135,7 +136,7 @@ def test_saga_unbiased_and_bookkeeping_t7_t8():
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
     for _ in range(6):  # move away from x^0 so table entries differ from fresh gradients
         state, _ = alg.step(state, oracle, comm)
-    z, table, mean = state.params, state.table, state.table_mean
+    z, table, mean = state.params, state.table.clone(), state.table_mean  # step writes in place
     # T7: averaging the corrected gradient over every xi gives grad f_i(z)
     rows = torch.arange(n)
     avg = torch.zeros(n, d, dtype=D64)
@@ -481,3 +482,26 @@ def test_table_memory_paper_resnet18_and_full_preset():
     full = load_preset("privsgp-cifar")["full"]
     mine = oracle_for(full["width"], full["block_size"], full["n_train"] // full["n"])
     assert table_bytes(mine) <= full["table_budget_gib"] * 2**30
+
+
+def test_the_table_is_updated_in_place_and_a_stale_state_refused():
+    """The SAGA table is shared by a state and its successor (no per-step copy of n J_b d
+    floats); stepping the older state again would use the newer table, so it is refused, and a
+    state with a cloned table steps to the same result as the first time."""
+    import dataclasses
+
+    from privdl.errors import ConfigError
+
+    n, j, d = 3, 5, 4
+    oracle = ls_problem(n, j, d, seed=7)
+    alg = PrivSGP(StepSize(0.1), sigmas=0.1)
+    comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
+    state = alg.init(x0(n, d), oracle, seed=0)
+    state, _ = alg.step(state, oracle, comm)
+    branch = dataclasses.replace(state, table=state.table.clone())
+    new, _ = alg.step(state, oracle, comm)
+    assert new.table is state.table  # shared, not copied
+    with pytest.raises(ConfigError, match="shares its SAGA table with a later step"):
+        alg.step(state, oracle, comm)
+    again, _ = alg.step(branch, oracle, comm)
+    assert torch.equal(again.table, new.table) and torch.equal(again.x["x"], new.x["x"])

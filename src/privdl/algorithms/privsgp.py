@@ -220,6 +220,11 @@ class PrivSGPState:
 
     ``nodes``: global ids of the rows held (a process's shard); ``None`` means all nodes.
     ``noise_keys`` are aligned with the rows.
+
+    The table (n x J_b x d floats: 763 MB for MNIST at n = 50) is updated IN PLACE by
+    :meth:`PrivSGP.step`, so the returned state shares it with the one passed in: copying it
+    cost 93% of a step there (0.72 of 0.77 s). Stepping a state whose table a later step has
+    already advanced raises :class:`ConfigError`; clone ``table`` to branch from a state.
     """
 
     x: Tree
@@ -378,15 +383,22 @@ class PrivSGP:
                 ),
                 device=x_flat.device,
             )
+        table, mean = state.table, state.table_mean
+        stamp = getattr(table, "_privdl_saga_t", t)
+        if stamp != t:
+            raise ConfigError(
+                f"this state (t = {t}) shares its SAGA table with a later step (t = {stamp}): "
+                "the table is updated in place; step from the latest state, or clone the table "
+                "(dataclasses.replace(state, table=state.table.clone())) to branch"
+            )
         entry, loss = oracle.entries(z, xi)  # line 2: h at z
         h = oracle.expand(entry, xi).to(x_flat.dtype)
-        table, mean = state.table, state.table_mean
         if self.variance_reduction:
             rows = torch.arange(n, device=xi.device)
             old = oracle.expand(table[rows, xi], xi).to(x_flat.dtype)
             g = h - old + mean.to(x_flat.dtype)  # line 3: old entry, old mean
-            table = table.clone()
-            table[rows, xi] = entry.to(table.dtype)  # line 4: store the clean gradient
+            table[rows, xi] = entry.to(table.dtype)  # line 4, in place (see PrivSGPState)
+            table._privdl_saga_t = t + 1  # type: ignore[attr-defined]
             every = self.refresh_every or j
             if (t + 1) % every == 0:
                 mean = oracle.table_mean(table)
