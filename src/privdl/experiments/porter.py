@@ -140,12 +140,20 @@ class NonconvexLogisticTask:
         a = -y * torch.sigmoid(-y * (f @ x))
         return f.T @ a / f.shape[0] + self._reg_grad(x)
 
+    def objective(self, x: torch.Tensor) -> float:
+        """``f(x)`` over all agents' training data: mean logistic loss plus the regulariser."""
+        f = self.features.reshape(-1, self.dim)
+        y = self.labels.reshape(-1)
+        reg = self.lam * (x * x / (1.0 + x * x)).sum()
+        return float(torch.nn.functional.softplus(-y * (f @ x)).mean() + reg)
+
     def evaluate(self, params: Tree) -> dict[str, float]:
         xbar = params["x"].mean(0)
         acc = ((self.test_features @ xbar) * self.test_labels > 0).to(torch.float64).mean()
         return {
             "utility": float(self.full_gradient(xbar).pow(2).sum()),
             "accuracy": float(acc),
+            "loss": self.objective(xbar),
         }
 
 
@@ -217,7 +225,11 @@ class MLPTask:
             self.model, avg, self.x_eval[None], self.y_eval[None], loss="cross_entropy"
         )
         _, acc = evaluate(self.model, avg, self.x_test, self.y_test, loss="cross_entropy")
-        return {"utility": float(flatten_tree(g.grads).pow(2).sum()), "accuracy": float(acc[0])}
+        return {
+            "utility": float(flatten_tree(g.grads).pow(2).sum()),
+            "accuracy": float(acc[0]),
+            "loss": float(g.loss[0]),  # training loss at x_bar on the same samples
+        }
 
 
 # ----------------------------------------------------------------------------------- runs
@@ -229,7 +241,7 @@ def run_curve(
     """Train ``rounds`` rounds; log utility, its running average, test accuracy and bits per
     agent at x_bar every ``eval_every`` rounds, and the largest tracking-invariant violation."""
     state = alg.init(task.init_params(seed=seed), seed=seed)
-    curve: dict[str, Any] = {"round": [], "bits": [], "utility": [], "utility_avg": []}
+    curve: dict[str, Any] = {"round": [], "bits": [], "utility": [], "utility_avg": [], "loss": []}
     curve["accuracy"], bits, util_sum, invariant, scale = [], 0, 0.0, 0.0, 0.0
 
     def log(t: int) -> None:
@@ -241,6 +253,7 @@ def run_curve(
         curve["utility"].append(ev["utility"])
         curve["utility_avg"].append(util_sum / len(curve["round"]))
         curve["accuracy"].append(ev["accuracy"])
+        curve["loss"].append(ev["loss"])
 
     log(0)
     for t in range(1, rounds + 1):
@@ -449,6 +462,7 @@ def _summarise(which, pre, curves, priv, *, quick, facts) -> dict[str, Any]:
             "utility_final": _final(c, "utility"),
             "utility_avg_final": c["utility_avg"][-1],
             "accuracy_final": _final(c, "accuracy"),
+            "loss_final": _final(c, "loss"),
             "bits_per_agent_total": c["bits"][-1],
         }
         for name, c in curves.items()
@@ -557,13 +571,13 @@ def _report(which: str, s: dict[str, Any]) -> str:
     ]
     lines += ["", "## Results (mean of the last 20% of logged points)", ""]
     lines += [
-        "| run | utility | utility running avg | test accuracy | bits/agent |",
-        "|---|---|---|---|---|",
+        "| run | utility | utility running avg | training loss | test accuracy | bits/agent |",
+        "|---|---|---|---|---|---|",
     ]
     for name, v in s["finals"].items():
         lines.append(
             f"| {name} | {v['utility_final']:.4g} | {v['utility_avg_final']:.4g} | "
-            f"{v['accuracy_final']:.4f} | {v['bits_per_agent_total']:,} |"
+            f"{v['loss_final']:.4g} | {v['accuracy_final']:.4f} | {v['bits_per_agent_total']:,} |"
         )
     lines += ["", "## Paper orderings (qualitative) beside ours", ""]
     for key, text in s["paper_orderings"].items():
