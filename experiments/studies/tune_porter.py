@@ -54,7 +54,7 @@ def main() -> None:
     gammas = [float(x) for x in a.gammas.split(",")]
     s = setup(a.which, quick=False, data_dir=a.data_dir, calibrate=False)
     s.task.seed = a.tune_seed  # the minibatches of the tuning seed
-    base = dict(s.pre["step_sizes"])
+    base = dict(s.facts["step_sizes"])
     labels = list(algorithms(s))
     if a.labels:
         labels = [lb for lb in labels if lb in a.labels.split(",")]

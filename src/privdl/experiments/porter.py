@@ -356,7 +356,7 @@ def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = Tr
     rho, k, d, m = comp.contraction(task.dim), comp.num_kept(task.dim), task.dim, task.local_samples
     T = run["rounds"]
     priv = _privacy_rows(pre, T, m, d, calibrate=calibrate and not quick)
-    hp = pre["step_sizes"]
+    hp = {**pre["step_sizes"], **run.get("step_sizes", {})}  # a mode's own values win
     facts = {
         "n_agents": n,
         "dim": d,
@@ -378,10 +378,11 @@ def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = Tr
 def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str, Any]:
     """The compared runs by label, in plotting order: per nominal eps PORTER-DP and
     SoteriaFL-SGD at Theorem 1's sigma_p, then PORTER-GC and BEER (``step_sizes`` as the
-    preset's ``[step_sizes]`` table; default the preset's)."""
+    preset's ``[step_sizes]`` table; default the preset's, with its mode's
+    ``[full.step_sizes]`` / ``[quick.step_sizes]`` values over it)."""
     from privdl.algorithms.base import StepSize
 
-    hp = s.pre["step_sizes"] if step_sizes is None else step_sizes
+    hp = s.facts["step_sizes"] if step_sizes is None else step_sizes
     tau, kind, comp = s.pre["tau"], s.pre["clip_kind"], s.comp
     sot_clip = ClipSpec(mode="per_sample", threshold=tau, kind=kind)
     out: dict[str, Any] = {}
