@@ -55,3 +55,24 @@ def test_porter_mnist_quick(tmp_path, shared_datasets):
     _check_outputs(out, summary, "mnist")
     assert (summary["facts"]["dim"], summary["facts"]["k"]) == (50890, 2544)  # spec D9
     _check_privacy_rows(summary, load_preset("porter-mnist"))
+
+
+def test_full_mode_step_sizes_override_the_quick_ones(shared_datasets):
+    """A mode's ``[full.step_sizes]`` wins over the top-level table and reaches the algorithms;
+    quick mode keeps the top-level values."""
+    if not (shared_datasets / "adult" / "adult.data.gz").exists():
+        pytest.skip("Adult files not in the shared datasets folder")
+    from privdl.experiments.porter import algorithms, setup
+
+    pre = load_preset("porter-a9a")
+    data = str(shared_datasets / "adult")
+    full = setup("a9a", quick=False, data_dir=data, calibrate=False)
+    quick = setup("a9a", quick=True, data_dir=data)
+    assert full.facts["step_sizes"] == {**pre["step_sizes"], **pre["full"]["step_sizes"]}
+    assert quick.facts["step_sizes"] == pre["step_sizes"]
+    assert full.facts["step_sizes"]["gc_gamma"] != quick.facts["step_sizes"]["gc_gamma"]
+    gc = algorithms(full)["PORTER-GC"]
+    assert (gc.step_size.lr, gc.gamma) == (
+        pre["full"]["step_sizes"]["gc_eta"],
+        pre["full"]["step_sizes"]["gc_gamma"],
+    )
