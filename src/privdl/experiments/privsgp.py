@@ -371,6 +371,47 @@ def run_speedup(
     )
 
 
+# --------------------------------------------------------------------------- Figs 7-8 pieces
+_BUDGET_HEADER = [
+    "sigma (nominal)",
+    "sigma (accounted, same eps)",
+    "gamma",
+    "final loss",
+    "test accuracy",
+]
+
+
+def _budget_run(
+    k: int, sigma: float, eps: float, data: tuple, *, top: dict, cfg: dict, j_b: int
+) -> dict[str, Any]:
+    """PrivSGP-VR for ``K = k`` steps at noise ``sigma`` with Theorem 1's gamma = c sqrt(n/K),
+    and the noise an RDP accountant needs for the same K at (eps, delta): sensitivity 3G
+    (G = clip) and Poisson rate 1/J_b (spec §10)."""
+    model, x, y, train, test, comm = data
+    gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
+    alg = PrivSGP(StepSize(gamma), sigmas=sigma)
+    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
+    z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
+    return {
+        "K": k,
+        "sigma": sigma,
+        "gamma": gamma,
+        "final": res["final"],
+        "sigma_accounted": 3.0 * cfg["clip"] * z,
+    }
+
+
+def _budget_cells(run: dict[str, Any]) -> list[str]:
+    """A :func:`_budget_run` as the cells of :data:`_BUDGET_HEADER`."""
+    return [
+        f"{run['sigma']:.3f}",
+        f"{run['sigma_accounted']:.2f}",
+        f"{run['gamma']:.3f}",
+        f"{run['final']['loss']:.4f}",
+        f"{run['final']['accuracy']:.4f}",
+    ]
+
+
 # --------------------------------------------------------------------------- Fig 7: K sweep
 @_single_threaded
 def run_ksweep(
@@ -393,21 +434,11 @@ def run_ksweep(
     comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
     j_b = x.shape[1] // cfg["block_size"]
     results = {}
+    data = (model, x, y, train, test, comm)
     for r in top["k_ratios"]:
         k = max(2, round(r * k_star))
         sigma = math.sqrt(cfg["sigma2_at_kstar"] * k / k_star)
-        gamma = top["c_gamma"] * math.sqrt(n / k)
-        alg = PrivSGP(StepSize(gamma), sigmas=sigma)
-        res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
-        # what the same K needs under an accountant (sensitivity 3G = 3 clip, rate 1/J_b)
-        z = rdp_noise_multiplier(top["epsilon"], top["delta"], 1.0 / j_b, k)
-        results[str(k)] = {
-            "K": k,
-            "sigma": sigma,
-            "gamma": gamma,
-            "final": res["final"],
-            "sigma_accounted": 3.0 * cfg["clip"] * z,
-        }
+        results[str(k)] = _budget_run(k, sigma, top["epsilon"], data, top=top, cfg=cfg, j_b=j_b)
     ks = list(results)
     accs = [results[k]["final"]["accuracy"] for k in ks]
     best = ks[max(range(len(ks)), key=accs.__getitem__)]
@@ -435,34 +466,14 @@ def run_ksweep(
         checks["K* beats the smallest and the largest K (accuracy)"] = accs[i_star] > max(
             accs[0], accs[-1]
         )
-    rows = [
-        [
-            k,
-            f"{results[k]['sigma']:.3f}",
-            f"{results[k]['sigma_accounted']:.2f}",
-            f"{results[k]['gamma']:.3f}",
-            f"{results[k]['final']['loss']:.4f}",
-            f"{results[k]['final']['accuracy']:.4f}",
-        ]
-        for k in ks
-    ]
+    rows = [[k, *_budget_cells(results[k])] for k in ks]
     body = [
         f"Paper (Fig. 7): n = 50, (1, 1e-5) per node, K* ~ {top['k_star_paper']} from eq. (12); "
         "K* gives the lowest loss and the highest accuracy. The MNIST constants are not reported, "
         "so K* is taken as given and sigma(K)^2 = sigma*^2 K / K* (eq. 11: sigma ~ sqrt(K)); "
         f"here K* = {k_star}, sigma*^2 = {cfg['sigma2_at_kstar']} (nominal, paper heuristic).",
         "",
-        _table(
-            [
-                "K",
-                "sigma (nominal)",
-                "sigma (accounted, same eps)",
-                "gamma",
-                "final loss",
-                "test accuracy",
-            ],
-            rows,
-        ),
+        _table(["K", *_BUDGET_HEADER], rows),
         "",
         "The accounted column is the noise an RDP accountant (integer orders, improved "
         "conversion) needs for (1, 1e-5) at sensitivity 3G (G = clip) and Poisson rate 1/J_b: "
@@ -506,23 +517,15 @@ def run_eps(
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
     j_b = x.shape[1] // cfg["block_size"]
+    data = (model, x, y, train, test, comm)
     results: dict[str, dict] = {}
     out: dict[str, Any] = {}
     for eps in sorted(float(e) for e in cfg["epsilons"]):
         k_star, grid = eps_grid(eps, k1, top["k_ratios"], cfg["sigma2_at_kstar"])
-        runs = {}
-        for r, (k, sigma) in zip(top["k_ratios"], grid, strict=True):
-            gamma = top["c_gamma"] * math.sqrt(n / k)
-            alg = PrivSGP(StepSize(gamma), sigmas=sigma)
-            res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
-            z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
-            runs[f"{r:g}"] = {
-                "K": k,
-                "sigma": sigma,
-                "gamma": gamma,
-                "final": res["final"],
-                "sigma_accounted": 3.0 * cfg["clip"] * z,
-            }
+        runs = {
+            f"{r:g}": _budget_run(k, sigma, eps, data, top=top, cfg=cfg, j_b=j_b)
+            for r, (k, sigma) in zip(top["k_ratios"], grid, strict=True)
+        }
         results[f"{eps:g}"] = {"k_star": k_star, "runs": runs}
         out = _eps_outputs(out_dir, results, top, cfg, quick=quick, t0=t0)  # after every eps
     return out
@@ -581,17 +584,8 @@ def _eps_outputs(
     for e in eps:
         for r in ratios:
             run = results[e]["runs"][r]
-            rows.append(
-                [
-                    e,
-                    f"{run['K']}" + (" (K*)" if r == star else ""),
-                    f"{run['sigma']:.3f}",
-                    f"{run['sigma_accounted']:.2f}",
-                    f"{run['gamma']:.3f}",
-                    f"{run['final']['loss']:.4f}",
-                    f"{run['final']['accuracy']:.4f}",
-                ]
-            )
+            k = f"{run['K']}" + (" (K*)" if r == star else "")
+            rows.append([e, k, *_budget_cells(run)])
     body = [
         'Paper (Fig. 8, cited in its text as "Figure 3"): n = 50, delta = 1e-5, eps in '
         "{0.4, ..., 1.6}; the accuracy maximised over K (at K*) gets worse as eps shrinks. "
@@ -603,18 +597,7 @@ def _eps_outputs(
         if complete
         else f"**Partial: {len(eps)} of {len(cfg['epsilons'])} eps values finished.**",
         "",
-        _table(
-            [
-                "eps",
-                "K",
-                "sigma (nominal)",
-                "sigma (accounted, same eps)",
-                "gamma",
-                "final loss",
-                "test accuracy",
-            ],
-            rows,
-        ),
+        _table(["eps", "K", *_BUDGET_HEADER], rows),
         "",
         f"K* has the best accuracy of its three K at {len(wins)} of {len(eps)} eps values "
         "(the spec reads this into the figure; the paper does not state it, so it is not a "
