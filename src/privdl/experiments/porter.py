@@ -135,28 +135,22 @@ class NonconvexLogisticTask:
             g = clip_by_global_norm(g, clip.threshold, kind=clip.kind)  # type: ignore[arg-type]
         return GradResult(g, loss)
 
-    def full_gradient(self, x: torch.Tensor) -> torch.Tensor:
-        """``grad f(x)`` over all agents' training data (regulariser included)."""
+    def objective_and_gradient(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """``f(x)`` and ``grad f(x)`` over all agents' training data (regulariser included),
+        from one pass over the margins ``y x^T f``."""
         f = self.features.reshape(-1, self.dim)
         y = self.labels.reshape(-1)
-        a = -y * torch.sigmoid(-y * (f @ x))
-        return f.T @ a / f.shape[0] + self._reg_grad(x)
-
-    def objective(self, x: torch.Tensor) -> float:
-        """``f(x)`` over all agents' training data: mean logistic loss plus the regulariser."""
-        f = self.features.reshape(-1, self.dim)
-        y = self.labels.reshape(-1)
+        margin = y * (f @ x)
         reg = self.lam * (x * x / (1.0 + x * x)).sum()
-        return float(torch.nn.functional.softplus(-y * (f @ x)).mean() + reg)
+        loss = float(torch.nn.functional.softplus(-margin).mean() + reg)
+        a = -y * torch.sigmoid(-margin)
+        return loss, f.T @ a / f.shape[0] + self._reg_grad(x)
 
     def evaluate(self, params: Tree) -> dict[str, float]:
         xbar = params["x"].mean(0)
         acc = ((self.test_features @ xbar) * self.test_labels > 0).to(torch.float64).mean()
-        return {
-            "utility": float(self.full_gradient(xbar).pow(2).sum()),
-            "accuracy": float(acc),
-            "loss": self.objective(xbar),
-        }
+        loss, grad = self.objective_and_gradient(xbar)
+        return {"utility": float(grad.pow(2).sum()), "accuracy": float(acc), "loss": loss}
 
 
 @dataclass
@@ -317,7 +311,6 @@ class Setup:
     """One experiment's fixed parts: the preset, its mode table, the task, the gossip, the
     compressor and Theorem 1's privacy rows (spec §6.1)."""
 
-    which: str
     pre: dict[str, Any]
     run: dict[str, Any]
     task: Any
@@ -374,7 +367,7 @@ def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = Tr
         "clip_kind": pre["clip_kind"],
         "step_sizes": hp,
     }
-    return Setup(which, pre, run, task, comm, comp, priv, facts)
+    return Setup(pre, run, task, comm, comp, priv, facts)
 
 
 def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str, Any]:

@@ -293,7 +293,6 @@ def fused_decor_noise(
     m = row_pairs(size)
     if 12 * m > _MAX_STREAM_BYTES:
         raise PrivacyError(f"a stream holds at most 2^34 normals; asked for {size}")
-    _nonce(counter, substream)  # validates both
     out = _launch(plan, counter, k, size, m, substream, sigma_cor, sigma_cdp, has_cor, has_node)
     return out.view(shape)
 
@@ -372,6 +371,8 @@ def _launch(
 
 # Iterations drawn ahead: (call's identity) -> (first iteration, (K, rows, size) block).
 _PREFETCHED: dict[tuple, tuple[int, torch.Tensor]] = {}
+_BLOCK_BUDGET = 512 * 2**20  # bytes of block and keystream (PRIVDL_NOISE_BLOCK_BYTES)
+_MAX_BLOCK_STEPS = 32
 
 
 def block_steps(*, streams: int, rows: int, size: int, budget: int | None = None) -> int:
@@ -382,10 +383,6 @@ def block_steps(*, streams: int, rows: int, size: int, budget: int | None = None
         budget = int(os.environ.get("PRIVDL_NOISE_BLOCK_BYTES", str(_BLOCK_BUDGET)))
     per_step = 4 * rows * size + 12 * row_pairs(size) * streams
     return max(1, min(_MAX_BLOCK_STEPS, budget // max(per_step, 1)))
-
-
-_BLOCK_BUDGET = 512 * 2**20
-_MAX_BLOCK_STEPS = 32
 
 
 def prefetched_decor_noise(
