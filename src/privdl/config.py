@@ -7,6 +7,7 @@ Unknown keys are errors (pydantic ``extra="forbid"``); every validation failure 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,6 +83,13 @@ class RunConfig(BaseModel):
             raise ValueError("lr must be > 0")
         return v
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if re.fullmatch(r"cpu|cuda(:\d+)?", v.strip().lower()) is None:
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {v!r}")
+        return v.strip().lower()
+
     @field_validator("clip")
     @classmethod
     def _clip(cls, v: float | None) -> float | None:
@@ -144,7 +152,7 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         msg = err.get("msg", "invalid value").removeprefix("Value error, ")
         raise ConfigError(f"invalid config value for {loc!r}: {msg}") from None
     if cfg.clip_mode != "none" and cfg.clip is None:
-        raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (clip)")
+        raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (--clip C)")
     if cfg.clip is not None and cfg.clip_mode == "none":
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})

@@ -155,7 +155,7 @@ def calibrate(cfg, topo, task):
             "porter-gc adds no noise, so no epsilon can be reached; use porter-dp for a target"
         )
     if cfg.clip is None:
-        raise ConfigError("a target epsilon needs a clipping threshold (clip)")
+        raise ConfigError("a target epsilon needs a clipping threshold (--clip C)")
     delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
     if cfg.algorithm in ("privsgp", "privsgp-vr"):
         return cfg.with_updates(sigma=_privsgp_sigma(cfg, task, delta=delta), delta=delta)
@@ -267,7 +267,7 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
     from privdl.accounting.events import DecorStepEvent
 
     if cfg.clip is None:
-        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (clip)")
+        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (--clip C)")
     delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
     sens = privsgp_sensitivity(cfg, task)
     rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step

@@ -177,7 +177,7 @@ def _privsgp(cfg: RunConfig, topo: Any, comm: Any, task: Any, step: StepSize) ->
     if cfg.weight_decay > 0 or cfg.sigma_cor > 0:
         raise ConfigError(f"{cfg.algorithm} has neither weight decay nor correlated noise")
     if cfg.sigma > 0 and cfg.clip is None:
-        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (clip)")
+        raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (--clip C)")
     algo = PrivSGP(
         step,
         sigmas=cfg.sigma,

@@ -67,6 +67,11 @@ def test_nominal_sigma_is_printed_and_labelled(tmp_path, capsys):
         ["privsgp", "--graph", "ring:6", "--clip-mode", "batch_mean"],
         ["ldp", "--graph", "ring:6", "--sigma", "1", "--gamma", "0.5"],
         ["privsgp-vr", "--graph", "expo:6", "--epsilon", "1", "--sigma", "1"],
+        ["dsgd", "--graph", "ring:6", "--device", "tpu"],
+        # click's own usage errors: unknown option, bad type, unknown algorithm
+        ["dsgd", "--graph", "ring:6", "--stepz", "3"],
+        ["dsgd", "--graph", "ring:6", "--lr", "abc"],
+        ["sgd", "--graph", "ring:6"],
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv, tmp_path, capsys):
@@ -75,6 +80,13 @@ def test_bad_options_exit_2_with_one_line(argv, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["report"], ["graph"], ["nosuch"], ["account", "dpsgd"]])
+def test_usage_errors_are_one_line_naming_the_help(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "--help" in err[0], err
 
 
 def test_resume_from_the_cli(tmp_path, capsys):

@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
+    except click.UsageError as exc:  # one line, like every other bad input
+        where = exc.ctx.command_path if exc.ctx is not None else "privdl"
+        click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+        return 2
     except click.ClickException as exc:
         exc.show()
         return 2 if exc.exit_code in (1, 2) else exc.exit_code
