@@ -137,12 +137,6 @@ def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
 
 
 def _mixing(topo: Any, rule: str | None) -> Any:
-    from privdl.algorithms.porter import best_constant_mixing, fdla_mixing
-
-    if rule == "fdla":
-        return fdla_mixing(topo)
-    if rule == "best-constant":
-        return best_constant_mixing(topo)
     return mixing_matrix(topo, rule or "metropolis")
 
 

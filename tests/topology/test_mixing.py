@@ -141,3 +141,21 @@ def test_expo_matrices_doubly_stochastic():
         assert w.doubly_stochastic
         a = w.dense()
         assert np.allclose(np.diag(a), 0.5) and ((a > 0).sum(0) == 2).all()
+
+
+@pytest.mark.parametrize("spec", ["ring:12", "torus:4x4", "er:20:0.3:4", "path:9", "star:8"])
+def test_fdla_and_best_constant_rules(spec):
+    """Both are symmetric with ``W 1 = 1`` and the graph's support; FDLA minimises
+    ``||W - J||_2`` over such matrices, so it is no worse than any other symmetric rule."""
+    t = parse_graph(spec)
+    j = np.full((t.n, t.n), 1.0 / t.n)
+    rates = {}
+    for rule in ("fdla", "best-constant", "metropolis", "max-degree"):
+        w = mixing_matrix(t, rule)
+        a = w.dense()
+        assert w.rule == rule and w.symmetric and np.allclose(a.sum(1), 1.0)
+        off = ~np.eye(t.n, dtype=bool) & (t.adjacency.toarray() == 0)
+        assert np.all(a[off] == 0)
+        rates[rule] = np.linalg.norm(a - j, 2)
+    assert rates["fdla"] <= min(rates.values()) + 1e-9
+    assert rates["best-constant"] <= rates["max-degree"] + 1e-9  # same family, best constant

@@ -34,12 +34,10 @@ held rows kept: the masks equal the simulator's at the cost of an ``(n, P)`` dra
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from privdl.algorithms.base import StepSize, in_background
@@ -48,8 +46,7 @@ from privdl.comm.base import Communicator, Tree
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import Compressor, Identity
-from privdl.topology import Topology
-from privdl.topology.mixing import MixingMatrix
+from privdl.topology.mixing import MixingMatrix, best_constant_mixing, fdla_mixing
 
 __all__ = [
     "Porter",
@@ -255,51 +252,6 @@ def beer(*, step_size: StepSize | float, gamma: float, compressor: Compressor) -
 
 
 # ----------------------------------------------------------- mixing matrices (Definition 1, §5)
-
-
-def best_constant_mixing(topology: Topology) -> MixingMatrix:
-    """``W = I - a L`` with ``a = 2 / (lambda_2 + lambda_n)`` (Xiao & Boyd 2004, best constant).
-
-    Minimises ``||W - J||_2`` over constant edge weights; the FDLA optimum (PORTER §5) also
-    optimises each edge. Symmetric, ``W 1 = 1``, zero off the graph.
-    """
-    lap = topology.laplacian.toarray()
-    vals = np.linalg.eigvalsh(lap)
-    a = 2.0 / (vals[1] + vals[-1])
-    w = np.eye(topology.n) - a * lap
-    return MixingMatrix("best-constant", sp.csr_matrix(w))
-
-
-def fdla_mixing(topology: Topology, *, iterations: int = 2000) -> MixingMatrix:
-    """Fastest distributed linear averaging (Xiao & Boyd 2004), the matrix PORTER §5 uses:
-    minimise ``||W - J||_2`` over symmetric ``W = I - B diag(w) B^T`` (B: incidence matrix), so
-    ``W 1 = 1`` and ``W`` is zero off the graph by construction.
-
-    Solved by a normalised subgradient method from the best-constant weights, keeping the best
-    iterate (no SDP solver needed; the objective is convex, and for n = 10 the iterates settle
-    within 1e-3 of their limit). The subgradient in ``w_e`` of ``|lambda|`` for the extreme
-    eigenpair ``(lambda, q)`` of ``W - J`` is ``-sign(lambda) (q_u - q_v)^2``.
-    """
-    n, edges = topology.n, topology.edges
-    cols = np.arange(len(edges))
-    b = np.zeros((n, len(edges)))
-    b[edges[:, 0], cols], b[edges[:, 1], cols] = 1.0, -1.0
-    vals = np.linalg.eigvalsh(topology.laplacian.toarray())
-    w = np.full(len(edges), 2.0 / (vals[1] + vals[-1]))
-    centre = np.eye(n) - 1.0 / n
-
-    def value_and_subgradient(w: np.ndarray) -> tuple[float, np.ndarray]:
-        lam, q = np.linalg.eigh(centre - (b * w) @ b.T)
-        i = int(np.argmax(np.abs(lam)))
-        return float(abs(lam[i])), -np.sign(lam[i]) * (b.T @ q[:, i]) ** 2
-
-    best_w, best = w.copy(), value_and_subgradient(w)[0]
-    for k in range(iterations):
-        f, g = value_and_subgradient(w)
-        if f < best:
-            best, best_w = f, w.copy()
-        w = w - 0.1 / math.sqrt(k + 1) * g / max(float(np.linalg.norm(g)), 1e-12)
-    return MixingMatrix("fdla", sp.csr_matrix(np.eye(n) - (b * best_w) @ b.T))
 
 
 def mixing_rate(w: MixingMatrix) -> float:
