@@ -1,6 +1,7 @@
 """The runner: records, privacy labels, calibration and resume."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -114,6 +115,22 @@ def test_resume_is_bit_identical(tmp_path, algorithm):
     steps_part = [r["step"] for r in RunRecords(tmp_path / "part").rows()]
     assert steps_full == steps_part  # no row lost, none written twice
     assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]
+
+
+def test_a_run_directory_has_one_writer(tmp_path):
+    """While a process writes a run (holds its lock), a second run or resume there is refused
+    and writes nothing; once the lock is released the resume goes through."""
+    cfg = make_config({**LS, "algorithm": "dsgd", "clip": None, "clip_mode": "none"})
+    train(cfg, tmp_path / "x", progress=False, stop_after=20)
+    before = (tmp_path / "x" / "metrics.jsonl").read_bytes()
+    records = RunRecords(tmp_path / "x")
+    with records.exclusive():
+        with pytest.raises(PrivdlError, match=rf"another privdl process \(pid {os.getpid()}\)"):
+            resume(tmp_path / "x", progress=False)
+        with pytest.raises(PrivdlError, match="another privdl process"):
+            train(cfg, tmp_path / "x", progress=False, overwrite=True)
+    assert (tmp_path / "x" / "metrics.jsonl").read_bytes() == before
+    assert resume(tmp_path / "x", progress=False)["steps_done"] == cfg.steps
 
 
 def test_refuses_to_overwrite_an_earlier_run(tmp_path):

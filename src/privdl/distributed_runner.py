@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,12 +187,16 @@ class _Job:
     overwrite: bool
 
 
-def _setup(job: _Job) -> tuple[RunConfig, dict | None, str | None]:
-    """Rank 0: resolve the config, prepare the records; returns (cfg, checkpoint, error)."""
+def _setup(job: _Job, held: ExitStack) -> tuple[RunConfig, dict | None, str | None]:
+    """Rank 0: lock the run directory into ``held``, resolve the config, prepare the records;
+    returns (cfg, checkpoint, error)."""
     from privdl.runner import build
 
     records = RunRecords(job.out_dir)
     try:
+        if job.resume:
+            records.config()  # refuses a directory that holds no run, before locking it
+        held.enter_context(records.exclusive())
         if job.resume:
             if records.summary() is not None:
                 return make_config(records.config()), None, "done"
@@ -253,90 +258,93 @@ def run_worker(
         cfg = make_config(cfg)
     device = cfg.device if cfg is not None else "cpu"
     rank, world = init_from_env(device=device, timeout_s=timeout_s)
-    job = _Job(cfg, Path(out_dir), resume, overwrite)
-    setup = _setup(job) if rank == 0 else None
-    cfg, ckpt, status = _bcast(setup)
-    if status == "done":
-        summary = RunRecords(out_dir).summary() if rank == 0 else None
-        return _bcast(summary)
-    if status is not None:
-        raise PrivdlError(status.removeprefix("error:"))
-    built = build(cfg, calibrated=True)
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    comm = DistributedCommunicator(
-        built.comm.schedule, device=cfg.device, dtype=dtype, timeout_s=timeout_s
-    )
-    oracle, sample_oracle = _shard_oracles(built, comm)
-    full = built.initial_params()
-    state = init_shard_state(
-        built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed, oracle=sample_oracle
-    )
-    wall0 = 0.0
-    if ckpt is not None:  # the checkpoint holds every shard's full state (single-process format)
-        full = {k: v.to(cfg.device) for k, v in ckpt["params"].items()}
-        saved = comm.shard(ckpt.get("state", {})) if ckpt.get("state") else {}
-        state = import_state(state, comm.shard(full), saved, t=int(ckpt["t"]))
-        wall0 = float(ckpt.get("wall_time", 0.0))
-    records = RunRecords(out_dir) if rank == 0 else None
-    kill = _kill_step(rank)
-    have = {r.get("step") for r in records.rows()} if records is not None else set()
-    start_wall = time.perf_counter() - wall0
-    if state.t == 0 and 0 not in have and records is not None:
-        records.append(_eval_row(built, full, 0, 0.0))
-    enabled = rank == 0 and (sys.stderr.isatty() if progress is None else progress)
-    last_row, evaluated = None, False
-    with _progress(cfg.steps, state.t, enabled) as prog:
-        bar = prog.add_task(
-            f"{cfg.algorithm} x{world}", total=cfg.steps, completed=state.t, info=""
+    with ExitStack() as held:  # rank 0 holds the run directory's lock to the end
+        job = _Job(cfg, Path(out_dir), resume, overwrite)
+        setup = _setup(job, held) if rank == 0 else None
+        cfg, ckpt, status = _bcast(setup)
+        if status == "done":
+            summary = RunRecords(out_dir).summary() if rank == 0 else None
+            return _bcast(summary)
+        if status is not None:
+            raise PrivdlError(status.removeprefix("error:"))
+        built = build(cfg, calibrated=True)
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        comm = DistributedCommunicator(
+            built.comm.schedule, device=cfg.device, dtype=dtype, timeout_s=timeout_s
         )
-        while state.t < cfg.steps:
-            if kill is not None and state.t == kill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            state, _ = built.algorithm.step(state, oracle, comm)
-            prog.advance(bar)
-            if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
-                full = comm.all_gather_nodes(state.params)
-                extra = comm.all_gather_nodes(export_state(state))
-                stop, evaluated = False, True
-                if records is not None:
-                    wall = time.perf_counter() - start_wall
-                    row = _eval_row(built, full, state.t, wall)
-                    if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
-                        row["diverged"] = True
-                    records.save_checkpoint(
-                        checkpoint(state, full, wall=wall, extra=extra)  # every shard's state
-                    )
-                    if state.t not in have:
-                        records.append(row)
-                    last_row, stop = row, bool(row.get("diverged"))
-                if _bcast(stop):
-                    break
-            if stop_after is not None and state.t >= stop_after:
-                return {"stopped_at": state.t}
-    summary = None
-    if not evaluated:  # resumed at the last step: evaluate the checkpointed state
-        full = comm.all_gather_nodes(state.params)
-    if records is not None:
-        if last_row is None:
-            last_row = _eval_row(built, full, state.t, time.perf_counter() - start_wall)
-        summary = {
-            "config": cfg.model_dump(),
-            "final": last_row,
-            "steps_done": state.t,
-            "completed": state.t == cfg.steps,
-            "topology": built.topology.summary(),
-            "distributed": {"world_size": world, "backend": dist.get_backend()},
-        }
-        cal = Path(out_dir) / "calibration.json"
-        if cal.is_file():
-            summary["calibration"] = json.loads(cal.read_text())
-        records.finish(summary)
-    summary = _bcast(summary)
-    if summary["final"].get("diverged"):
-        raise PrivdlError(
-            f"training diverged at step {state.t} (non-finite metrics); lower --lr or clip"
+        oracle, sample_oracle = _shard_oracles(built, comm)
+        full = built.initial_params()
+        state = init_shard_state(
+            built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed, oracle=sample_oracle
         )
-    return summary
+        wall0 = 0.0
+        if (
+            ckpt is not None
+        ):  # the checkpoint holds every shard's full state (single-process format)
+            full = {k: v.to(cfg.device) for k, v in ckpt["params"].items()}
+            saved = comm.shard(ckpt.get("state", {})) if ckpt.get("state") else {}
+            state = import_state(state, comm.shard(full), saved, t=int(ckpt["t"]))
+            wall0 = float(ckpt.get("wall_time", 0.0))
+        records = RunRecords(out_dir) if rank == 0 else None
+        kill = _kill_step(rank)
+        have = {r.get("step") for r in records.rows()} if records is not None else set()
+        start_wall = time.perf_counter() - wall0
+        if state.t == 0 and 0 not in have and records is not None:
+            records.append(_eval_row(built, full, 0, 0.0))
+        enabled = rank == 0 and (sys.stderr.isatty() if progress is None else progress)
+        last_row, evaluated = None, False
+        with _progress(cfg.steps, state.t, enabled) as prog:
+            bar = prog.add_task(
+                f"{cfg.algorithm} x{world}", total=cfg.steps, completed=state.t, info=""
+            )
+            while state.t < cfg.steps:
+                if kill is not None and state.t == kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                state, _ = built.algorithm.step(state, oracle, comm)
+                prog.advance(bar)
+                if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
+                    full = comm.all_gather_nodes(state.params)
+                    extra = comm.all_gather_nodes(export_state(state))
+                    stop, evaluated = False, True
+                    if records is not None:
+                        wall = time.perf_counter() - start_wall
+                        row = _eval_row(built, full, state.t, wall)
+                        if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
+                            row["diverged"] = True
+                        records.save_checkpoint(
+                            checkpoint(state, full, wall=wall, extra=extra)  # every shard's state
+                        )
+                        if state.t not in have:
+                            records.append(row)
+                        last_row, stop = row, bool(row.get("diverged"))
+                    if _bcast(stop):
+                        break
+                if stop_after is not None and state.t >= stop_after:
+                    return {"stopped_at": state.t}
+        summary = None
+        if not evaluated:  # resumed at the last step: evaluate the checkpointed state
+            full = comm.all_gather_nodes(state.params)
+        if records is not None:
+            if last_row is None:
+                last_row = _eval_row(built, full, state.t, time.perf_counter() - start_wall)
+            summary = {
+                "config": cfg.model_dump(),
+                "final": last_row,
+                "steps_done": state.t,
+                "completed": state.t == cfg.steps,
+                "topology": built.topology.summary(),
+                "distributed": {"world_size": world, "backend": dist.get_backend()},
+            }
+            cal = Path(out_dir) / "calibration.json"
+            if cal.is_file():
+                summary["calibration"] = json.loads(cal.read_text())
+            records.finish(summary)
+        summary = _bcast(summary)
+        if summary["final"].get("diverged"):
+            raise PrivdlError(
+                f"training diverged at step {state.t} (non-finite metrics); lower --lr or clip"
+            )
+        return summary
 
 
 def _eval_row(built: Any, full: Tree, t: int, wall: float) -> dict[str, Any]:

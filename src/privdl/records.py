@@ -2,6 +2,7 @@
 
 Layout of a run directory::
 
+    .lock             held (flock) by the one process writing the run; a second is refused
     config.json       the resolved configuration
     environment.json  package versions, device, threads, platform
     metrics.jsonl     one JSON object per evaluation, appended (never rewritten)
@@ -20,6 +21,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,34 @@ class RunRecords:
     @property
     def summary_path(self) -> Path:
         return self.dir / "summary.json"
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the run directory's lock while writing it: a second process (say a ``--resume``
+        while the run still goes) is refused with a clear error instead of interleaving its
+        rows and checkpoints. The OS drops the lock when the holder dies, so a killed run can be
+        resumed at once. (No lock where ``fcntl`` does not exist, i.e. on Windows.)"""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise PrivdlError(
+                    f"{self.dir} is being written by another privdl process (pid {holder}); "
+                    "wait for it to end, or choose another --out"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def start(self, config: dict[str, Any], *, overwrite: bool = False) -> None:
         """Create the directory for a fresh run; refuses to mix with an earlier run's records."""

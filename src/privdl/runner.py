@@ -275,10 +275,11 @@ def train(
     cfg = cfg if isinstance(cfg, RunConfig) else make_config(cfg)
     built = build(cfg)
     records = RunRecords(out_dir)
-    records.start(built.cfg.model_dump(), overwrite=overwrite)
-    write_calibration(records, calibration_record(built.cfg, built.topology, built.task))
-    state = built.init_state(built.initial_params())
-    return _loop(built, records, state, progress=progress, stop_after=stop_after, t0_wall=0.0)
+    with records.exclusive():
+        records.start(built.cfg.model_dump(), overwrite=overwrite)
+        write_calibration(records, calibration_record(built.cfg, built.topology, built.task))
+        state = built.init_state(built.initial_params())
+        return _loop(built, records, state, progress=progress, stop_after=stop_after, t0_wall=0.0)
 
 
 CALIBRATION_FILE = "calibration.json"
@@ -296,18 +297,19 @@ def write_calibration(records: RunRecords, record: dict | None) -> None:
 def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, Any]:
     """Continue the run in ``out_dir`` from its checkpoint (or return its summary if complete)."""
     records = RunRecords(out_dir)
-    done = records.summary()
-    if done is not None:
-        return done
-    cfg = make_config(records.config())
-    built = build(cfg, calibrated=True)
-    ckpt = records.load_checkpoint()
-    state = built.init_state(built.initial_params())
-    wall = 0.0
-    if ckpt is not None:
-        state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
-        wall = float(ckpt.get("wall_time", 0.0))
-    return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
+    cfg = make_config(records.config())  # refuses a directory that holds no run
+    with records.exclusive():
+        done = records.summary()
+        if done is not None:
+            return done
+        built = build(cfg, calibrated=True)
+        ckpt = records.load_checkpoint()
+        state = built.init_state(built.initial_params())
+        wall = 0.0
+        if ckpt is not None:
+            state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
+            wall = float(ckpt.get("wall_time", 0.0))
+        return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
 
 
 def _eval_row(built: Built, state: DSGDState, wall: float) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from privdl.comm.local import LocalCommunicator
 from privdl.distributed_runner import ShardOracle
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
+from privdl.records import RunRecords
 from privdl.runner import resume as sp_resume
 from privdl.runner import train as sp_train
 from privdl.tasks import LeastSquaresTask
@@ -330,6 +331,17 @@ def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, cap
     assert json.loads((tmp_path / "single" / "summary.json").read_text())["final"]["privacy"][
         "epsilon"
     ] == pytest.approx(eps, rel=1e-12)
+
+
+def test_distributed_resume_is_refused_while_another_process_writes_the_run(tmp_path, run_ranks):
+    run_dir = tmp_path / "run"
+    sp_train(RUN, run_dir, progress=False, stop_after=10)
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    with RunRecords(run_dir).exclusive():  # as if a single-process resume were still going
+        codes = run_ranks(2, _resume_rank, (str(run_dir),), timeout=60)
+    assert codes[0] not in (0, None) and codes[1] not in (0, None), codes
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert not (run_dir / "summary.json").exists()
 
 
 def _single_killed(out: str, k: int) -> None:
