@@ -63,7 +63,9 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.argument("algorithm", required=False, type=click.Choice(ALGORITHMS))
 @click.option("--config", "config_file", type=click.Path(), help="TOML config file.")
 @click.option("--task", help="least-squares, a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10")
-@click.option("--model", help="Model name (default per task).")
+@click.option(
+    "--model", help="Model name (default per task), or your nn.Module as package.module:Name."
+)
 @click.option(
     "--graph",
     help="Graph spec, e.g. ring:16, torus:4x4, an edge-list file, or expo:N (PrivSGP only).",

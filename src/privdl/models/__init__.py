@@ -11,6 +11,7 @@ Names and the papers they serve:
   conv 16->32 k5 p2, ReLU, pool 2, flatten, fc 1568 -> 10 (p = 28,938; no activation on logits).
 * ``resnet18-gn`` — ResNet-18 with GroupNorm(2) for CIFAR-10 (p = 11,181,642).
 * ``resnet34-nonorm`` — the Robust-HDP code's norm-free ResNet-34 (p = 21,272,778).
+* ``package.module:Name`` — your own ``torch.nn.Module`` (:class:`ModuleModel`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from privdl.models.base import (
     SequentialModel,
     StackedModel,
 )
+from privdl.models.module import ModuleModel, is_module_spec, model_from_spec
 from privdl.models.resnet import StackedResNet
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "Layer",
     "Linear",
     "MaxPool2d",
+    "ModuleModel",
     "SequentialModel",
     "StackedModel",
     "StackedResNet",
@@ -100,13 +103,24 @@ def build_model(name: str, *, in_shape: tuple[int, ...], n_classes: int, **kw: A
     """Make a stacked model by name (see the module docstring for names and options).
 
     Options: ``linear``: ``bias``; ``mlp``: ``hidden``, ``activation``; ``resnet*``: ``width``
-    (64 is the published network; smaller widths are for tests).
+    (64 is the published network; smaller widths are for tests). A name of the form
+    ``package.module:Name`` imports your own ``nn.Module`` (:mod:`privdl.models.module`).
     """
     in_shape = tuple(int(s) for s in in_shape)
     if not in_shape or any(s < 1 for s in in_shape):
         raise ConfigError(f"in_shape must be a non-empty tuple of positive sizes, got {in_shape}")
     if n_classes < 1:
         raise ConfigError(f"n_classes must be >= 1, got {n_classes}")
+    if is_module_spec(name):
+        if kw:
+            raise ConfigError(f"model {name!r} takes no options, got {sorted(kw)}")
+        model = model_from_spec(name, in_shape=in_shape)
+        if model.out_shape != (n_classes,):
+            raise ConfigError(
+                f"model {name!r} outputs shape {model.out_shape} per sample; the task needs "
+                f"({n_classes},) (one logit per class)"
+            )
+        return model
     try:
         if name == "linear":
             return _linear(in_shape, n_classes, **kw)
@@ -132,4 +146,7 @@ def build_model(name: str, *, in_shape: tuple[int, ...], n_classes: int, **kw: A
             )
     except TypeError as e:
         raise ConfigError(f"bad options for model {name!r}: {e}") from None
-    raise ConfigError(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES)}")
+    raise ConfigError(
+        f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES)} or give your own "
+        "nn.Module as package.module:Name"
+    )

@@ -1,0 +1,184 @@
+"""Bring your own ``torch.nn.Module``: a :class:`StackedModel` over any stateless module.
+
+``ModuleModel(module, in_shape=...)`` runs ``module`` for every node at once: its parameters are
+stacked over nodes and ``forward`` is ``torch.func.vmap`` over nodes of
+``torch.func.functional_call(module, params_i, (x_i,))``. Per-sample gradients then come from the
+engine's ``vmap(grad)`` path (the ghost path needs privdl's own layers), so any module torch.func
+can differentiate works.
+
+Initial weights: given a module, every node starts from its weights (the common ``x^0`` of the
+papers; a pretrained module starts pretrained). Given a ``factory`` (a class or a function that
+makes the module), each draw calls it under a torch seed taken from privdl's generator, so the
+run's ``seed`` decides ``x^0`` and a resumed or distributed run rebuilds the same one.
+
+Refused, with the reason: BatchNorm (its batch statistics mix the samples of a batch, so
+per-sample clipping would not bound one sample's influence: use GroupNorm, as Opacus asks) and
+Dropout (a random forward pass that the vectorized per-sample gradients cannot redraw per
+sample and node).
+
+In a run config, ``model = "package.module:Name"`` names such a module: ``Name`` is an
+``nn.Module`` instance, or a class or function that makes one when called with no arguments (a
+factory, seeded as above). The import is made with the working directory on ``sys.path``, as
+uvicorn and Flower do, so a ``mynet.py`` beside the run is found, and under a fixed torch seed,
+so a module made at import time has the same weights in every process. The string is what the records save, so ``--resume`` and
+``privdl launch`` rebuild the same module.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from privdl.errors import ConfigError
+from privdl.models.base import ParamShapes, StackedModel
+
+#: ``package.module:attribute``; what tells a module spec from a built-in model name.
+MODULE_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)$")
+
+_REFUSED: tuple[tuple[type[nn.Module], str], ...] = (
+    (
+        nn.modules.batchnorm._BatchNorm,
+        "mixes the samples of a batch, so per-sample clipping would not bound one sample's "
+        "influence; use GroupNorm",
+    ),
+    (
+        nn.modules.dropout._DropoutNd,
+        "draws a random mask the vectorized per-sample gradients cannot redraw per sample; "
+        "remove it",
+    ),
+)
+
+
+class ModuleModel(StackedModel):
+    """A user's ``nn.Module`` with parameters stacked over nodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        module: nn.Module | None = None,
+        *,
+        in_shape: tuple[int, ...],
+        name: str | None = None,
+        factory: Callable[[], nn.Module] | None = None,
+    ) -> None:
+        if (module is None) == (factory is None):
+            raise ConfigError("give ModuleModel a module or a factory, not both")
+        self.factory = factory
+        if factory is not None:
+            module = _call_factory(factory, seed=0, name=name or repr(factory))
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"expected a torch.nn.Module, got {type(module).__name__}")
+        for sub_name, sub in module.named_modules():
+            for kind, why in _REFUSED:
+                if isinstance(sub, kind):
+                    where = f" ({sub_name})" if sub_name else ""
+                    raise ConfigError(f"{type(sub).__name__}{where} {why}")
+        self.module = copy.deepcopy(module).requires_grad_(False)
+        self.name = name or type(module).__name__
+        self.in_shape = tuple(int(s) for s in in_shape)
+        self._weights = {k: v.detach().clone() for k, v in module.named_parameters()}
+        if not self._weights:
+            raise ConfigError(f"module {self.name} has no parameters to train")
+        ref = next(iter(self._weights.values()))
+        try:
+            with torch.no_grad():
+                out = self.module(torch.zeros(2, *self.in_shape, dtype=ref.dtype))
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's forward
+            raise ConfigError(
+                f"module {self.name} failed on a batch of shape (B, {', '.join(map(str, self.in_shape))}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if not torch.is_tensor(out) or out.ndim < 1 or out.shape[0] != 2:
+            raise ConfigError(f"module {self.name} must map (B, *in_shape) to (B, *out_shape)")
+        self.out_shape = tuple(out.shape[1:])
+
+    def param_shapes(self) -> ParamShapes:
+        return {k: tuple(v.shape) for k, v in self._weights.items()}
+
+    def _init_one(self, generator, dtype, device) -> dict[str, Tensor]:
+        """A factory's module made under a seed drawn from ``generator``; else the module's own
+        weights (the same for every draw)."""
+        weights = self._weights
+        if self.factory is not None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+            made = _call_factory(self.factory, seed=seed, name=self.name)
+            weights = {k: v.detach() for k, v in made.named_parameters()}
+            if {k: tuple(v.shape) for k, v in weights.items()} != self.param_shapes():
+                raise ConfigError(f"model {self.name}: its factory made differently shaped modules")
+        return {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+
+    def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """``x (n, B, *in_shape)`` -> ``(n, B, *out_shape)``: one vmap over nodes."""
+        buffers = dict(self.module.named_buffers())
+        if buffers and next(iter(buffers.values())).device != x.device:
+            self.module.to(x.device)
+            buffers = dict(self.module.named_buffers())
+
+        def one_node(p: dict[str, Tensor], xb: Tensor) -> Tensor:
+            return functional_call(self.module, {**buffers, **p}, (xb,))
+
+        return vmap(one_node)(params, x)
+
+
+def is_module_spec(name: str) -> bool:
+    """Whether a model name is a ``package.module:attribute`` spec (not a built-in name)."""
+    return MODULE_SPEC.fullmatch(name) is not None
+
+
+def _call_factory(factory: Callable[[], nn.Module], *, seed: int, name: str) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            made = factory()
+        except Exception as exc:  # noqa: BLE001 - the user's constructor
+            raise ConfigError(
+                f"model {name!r}: calling it failed ({type(exc).__name__}: {exc})"
+            ) from None
+    if not isinstance(made, nn.Module):
+        raise ConfigError(f"model {name!r} made a {type(made).__name__}, not a torch.nn.Module")
+    return made
+
+
+def model_from_spec(spec: str, *, in_shape: tuple[int, ...]) -> ModuleModel:
+    """The :class:`ModuleModel` of ``package.module:Name`` (a module, or a seeded factory)."""
+    obj = load_module(spec)
+    if isinstance(obj, nn.Module):
+        return ModuleModel(obj, in_shape=in_shape, name=spec)
+    return ModuleModel(in_shape=in_shape, name=spec, factory=obj)
+
+
+def load_module(spec: str) -> nn.Module | Callable[[], nn.Module]:
+    """Import ``package.module:attribute``: the ``nn.Module`` it names, or its factory."""
+    m = MODULE_SPEC.fullmatch(spec)
+    if m is None:
+        raise ConfigError(f"model {spec!r} is not of the form package.module:Name")
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        with torch.random.fork_rng(devices=[]):  # modules made at import: the same everywhere
+            torch.manual_seed(0)
+            mod = importlib.import_module(m["module"])
+    except Exception as exc:  # noqa: BLE001 - ImportError or an error in the user's module
+        raise ConfigError(
+            f"model {spec!r}: cannot import {m['module']!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    obj = mod
+    for part in m["attr"].split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"model {spec!r}: {m['module']!r} has no attribute {m['attr']!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, nn.Module) and not callable(obj):
+        raise ConfigError(f"model {spec!r} is neither an nn.Module nor callable")
+    return obj

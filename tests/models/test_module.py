@@ -1,0 +1,177 @@
+"""Your own nn.Module as a privdl model: vmap over nodes against loops and the built-in layers."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import privdl
+from privdl.engine import ClipSpec, node_gradients
+from privdl.errors import ConfigError
+from privdl.models import ModuleModel, build_model
+from privdl.models.module import load_module
+
+F64 = torch.float64
+
+
+class GroupNormNet(nn.Module):  # a conv net with a layer the ghost path does not cover
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 4)
+        self.head = nn.Linear(4 * 5 * 5, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.norm(self.conv(x))).flatten(1))
+
+
+def _stacked(model: ModuleModel, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Different parameters on every node (module weights plus node-specific noise)."""
+    base = model.init(n_nodes=n, generator=gen, dtype=F64)
+    return {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in base.items()}
+
+
+def _loop_oracle(module, params, x, y, threshold):
+    """One module per node, one sample at a time: autograd, hard clip, mean over the batch."""
+    n, b = x.shape[:2]
+    out = {k: torch.zeros_like(v) for k, v in params.items()}
+    for i in range(n):
+        net = type(module)().to(F64)
+        net.load_state_dict({k: v[i] for k, v in params.items()})
+        plist = list(net.parameters())
+        for s in range(b):
+            loss = F.cross_entropy(net(x[i, s : s + 1]), y[i, s : s + 1])
+            g = torch.autograd.grad(loss, plist)
+            norm = torch.sqrt(sum((gg**2).sum() for gg in g))
+            c = min(1.0, threshold / float(norm))
+            for (k, _), gg in zip(net.named_parameters(), g, strict=True):
+                out[k][i] += c * gg / b
+    return out
+
+
+def test_module_per_sample_clipped_gradients_equal_a_loop():
+    gen = torch.Generator().manual_seed(3)
+    model = ModuleModel(GroupNormNet(), in_shape=(2, 5, 5))
+    assert model.out_shape == (3,) and model.num_parameters() == 76 + 8 + 303
+    params = _stacked(model, 3, gen)
+    x = torch.randn(3, 4, 2, 5, 5, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (3, 4), generator=gen)
+    res = node_gradients(
+        model, params, x, y, loss="cross_entropy", clip=ClipSpec("per_sample", threshold=0.3)
+    )
+    ref = _loop_oracle(GroupNormNet(), params, x, y, 0.3)
+    for k in ref:
+        torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12)
+    assert (res.per_sample_norms > 0.3).any()  # the clip was active
+
+
+def test_module_equals_the_built_in_mlp_and_its_ghost_gradients():
+    gen = torch.Generator().manual_seed(5)
+    mlp = build_model("mlp", in_shape=(6,), n_classes=3, hidden=(5,))
+    seq = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    model = ModuleModel(seq, in_shape=(6,))
+    theirs = _stacked(model, 4, gen)
+    ours = dict(zip(mlp.param_shapes(), theirs.values(), strict=True))  # same order, our names
+    x = torch.randn(4, 7, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (4, 7), generator=gen)
+    torch.testing.assert_close(model.forward(theirs, x), mlp.forward(ours, x))
+    clip = ClipSpec("per_sample", threshold=0.5)
+    a = node_gradients(model, theirs, x, y, loss="cross_entropy", clip=clip)
+    b = node_gradients(mlp, ours, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    for ka, kb in zip(a.grads, b.grads, strict=True):
+        torch.testing.assert_close(a.grads[ka], b.grads[kb], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("module", "msg"),
+    [
+        (nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)), "BatchNorm1d"),
+        (nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)), "Dropout"),
+        (nn.Sequential(nn.ReLU()), "no parameters"),
+        (nn.Sequential(nn.Linear(5, 2)), "failed on a batch of shape"),
+    ],
+)
+def test_unsuitable_modules_are_refused(module, msg):
+    with pytest.raises(ConfigError, match=msg):
+        ModuleModel(module, in_shape=(4,))
+
+
+@pytest.fixture(name="user_dir")
+def _user_dir(tmp_path, monkeypatch):
+    (tmp_path / "usernet_a9a.py").write_text(
+        textwrap.dedent(
+            """
+            from torch import nn
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(123, 2)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+            wrong = nn.Linear(123, 5)
+            not_a_module = 3
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("usernet_a9a", None)
+
+
+def test_a_module_named_in_the_config_trains_records_and_resumes(user_dir):
+    opts = dict(algorithm="ldp", task="a9a", model="usernet_a9a:Net", graph="ring:4", clip=1.0,
+                sigma=0.5, steps=30, eval_every=10, lr=0.5)  # fmt: skip
+    full = privdl.train(out=user_dir / "full", progress=False, **opts)
+    assert full["config"]["model"] == "usernet_a9a:Net"
+    assert full["final"]["accuracy"] > 0.7  # a9a's majority class is 0.76; it learns
+    from privdl.config import make_config
+    from privdl.runner import train as train_config
+
+    train_config(make_config(opts), user_dir / "part", progress=False, stop_after=10)
+    resumed = privdl.resume(user_dir / "part", progress=False)
+    assert resumed["final"]["loss"] == full["final"]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "msg"),
+    [
+        ("usernet_a9a:wrong", r"outputs shape \(5,\)"),
+        ("usernet_a9a:not_a_module", "neither an nn.Module nor callable"),
+        ("usernet_a9a:Nope", "has no attribute 'Nope'"),
+        ("no_such_module_xyz:Net", "cannot import 'no_such_module_xyz'"),
+    ],
+)
+def test_bad_module_specs_are_config_errors(user_dir, spec, msg):
+    with pytest.raises(ConfigError, match=msg):
+        build_model(spec, in_shape=(123,), n_classes=2)
+
+
+def test_load_module_leaves_sys_path_as_it_was(user_dir):
+    before = list(sys.path)
+    assert issubclass(load_module("usernet_a9a:Net"), nn.Module)  # a factory
+    assert isinstance(load_module("usernet_a9a:wrong"), nn.Module)  # made at import
+    assert sys.path == before
+
+
+def test_a_factory_is_seeded_by_the_generator(user_dir):
+    model = build_model("usernet_a9a:Net", in_shape=(123,), n_classes=2)
+
+    def x0(seed, same=True):
+        g = torch.Generator().manual_seed(seed)
+        return model.init(n_nodes=3, generator=g, same_init=same)["fc.weight"]
+
+    torch.manual_seed(1)
+    a = x0(7)
+    torch.manual_seed(2)  # the global torch seed does not matter, privdl's seed does
+    assert torch.equal(a, x0(7)) and not torch.equal(a, x0(8))
+    assert torch.equal(a[0], a[1])  # every node starts at one x^0
+    distinct = x0(7, same=False)
+    assert not torch.equal(distinct[0], distinct[1])
