@@ -1,13 +1,23 @@
-"""Reports from run records: a markdown table and PNG plots (never from live training)."""
+"""Reports from run records: a markdown table and PNG plots (never from live training).
+
+Runs whose configs differ only in their seeds (``seed``, ``data_seed``) are repeats of one
+experiment: the table shows their mean and sample standard deviation with the number of seeds,
+and the plots their mean with a band of one standard deviation (``group=False`` keeps one row
+and one line per run). Repeats that spent different budgets show the largest epsilon.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
 from privdl.errors import PrivdlError
 from privdl.records import RunRecords
 
+#: Config keys that only pick random draws: runs differing only in these are repeats.
+SEED_KEYS = ("seed", "data_seed")
 #: Metrics plotted against the step when present, in this order.
 PLOT_METRICS = ("loss", "accuracy", "optimality_gap", "loss_gap", "consensus_distance")
 LOG_SCALE = {"loss_gap", "optimality_gap", "consensus_distance"}
@@ -46,53 +56,109 @@ def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
     return runs
 
 
-def markdown_table(runs: list[dict[str, Any]]) -> str:
+def group_repeats(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Runs grouped by their config without :data:`SEED_KEYS`, in first-seen order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        key = {k: v for k, v in r["config"].items() if k not in SEED_KEYS}
+        groups.setdefault(json.dumps(key, sort_keys=True, default=str), []).append(r)
+    return list(groups.values())
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _largest_budget(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    privs = [r.get("privacy") for r in rows]
+    if not all(privs):
+        return None if not any(privs) else max((p for p in privs if p), key=_eps)
+    return max(privs, key=_eps)  # type: ignore[arg-type]
+
+
+def _eps(priv: dict[str, Any]) -> float:
+    eps = priv.get("epsilon")
+    return float(eps) if isinstance(eps, int | float) else math.inf
+
+
+def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
+    """One row per run, or per group of repeats (mean ± sample std over ``seeds``)."""
     metrics = [
         m
         for m in ("loss", "accuracy", "optimality_gap", "consensus_distance")
         if any(m in r["rows"][-1] for r in runs)
     ]
-    head = "| run | steps | " + " | ".join(metrics) + " | privacy | complete |"
-    sep = "|" + "---|" * (len(metrics) + 4)
+    groups = group_repeats(runs) if group else [[r] for r in runs]
+    repeats = any(len(g) > 1 for g in groups)
+    head = "| run | steps | " + ("seeds | " if repeats else "") + " | ".join(metrics)
+    head += " | privacy | complete |"
+    sep = "|" + "---|" * (len(metrics) + 4 + repeats)
     lines = [head, sep]
-    for r in runs:
-        last = r["rows"][-1]
-        vals = [f"{last[m]:.4g}" if isinstance(last.get(m), float) else "-" for m in metrics]
-        done = "yes" if r["summary"] and r["summary"].get("completed") else "no"
+    for g in groups:
+        lasts = [r["rows"][-1] for r in g]
+        vals = []
+        for m in metrics:
+            xs = [x[m] for x in lasts if isinstance(x.get(m), float) and math.isfinite(x[m])]
+            if not xs or len(xs) < len(lasts):
+                vals.append("-" if not xs else f"{len(xs)}/{len(lasts)} finite")
+            elif len(xs) == 1:
+                vals.append(f"{xs[0]:.4g}")
+            else:
+                mean, std = _mean_std(xs)
+                vals.append(f"{mean:.4g} ± {std:.2g}")
+        steps = sorted({x.get("step") for x in lasts}, key=str)
+        done = sum(bool(r["summary"] and r["summary"].get("completed")) for r in g)
+        done_s = "yes" if done == len(g) else ("no" if done == 0 else f"{done}/{len(g)}")
         lines.append(
-            f"| {run_label(r['config'])} | {last.get('step')} | "
+            f"| {run_label(g[0]['config'])} | {'/'.join(map(str, steps))} | "
+            + (f"{len(g)} | " if repeats else "")
             + " | ".join(vals)
-            + f" | {privacy_text(last.get('privacy'))} | {done} |"
+            + f" | {privacy_text(_largest_budget(lasts))} | {done_s} |"
         )
     return "\n".join(lines)
 
 
-def plot_runs(runs: list[dict[str, Any]], out: Path) -> list[Path]:
-    """One PNG per metric present, every run as one line."""
+def _curve(group: list[dict[str, Any]], metric: str) -> tuple[list, list, list]:
+    """Steps every repeat has, with the mean and the sample std of ``metric`` over repeats."""
+    per_run = [
+        {x["step"]: x[metric] for x in r["rows"] if isinstance(x.get(metric), float)} for r in group
+    ]
+    steps = sorted(set.intersection(*(set(p) for p in per_run)))
+    stats = [_mean_std([p[t] for p in per_run]) for t in steps]
+    return steps, [m for m, _ in stats], [s for _, s in stats]
+
+
+def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> list[Path]:
+    """One PNG per metric present: a line per run, or per group of repeats with a ±1 std band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    groups = group_repeats(runs) if group else [[r] for r in runs]
     paths = []
     for metric in PLOT_METRICS:
-        series = [
-            (
-                run_label(r["config"]),
-                [(x["step"], x[metric]) for x in r["rows"] if isinstance(x.get(metric), float)],
-            )
-            for r in runs
-        ]
-        series = [(lab, pts) for lab, pts in series if pts]
+        series = []
+        for g in groups:
+            steps, mean, std = _curve(g, metric)
+            if steps:
+                label = run_label(g[0]["config"]) + (f" ({len(g)} seeds)" if len(g) > 1 else "")
+                series.append((label, steps, mean, std, len(g) > 1))
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for lab, pts in series:
-            xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, label=lab)
+        for label, steps, mean, std, band in series:
+            (line,) = ax.plot(steps, mean, label=label)
+            if band:
+                lo = [m - s for m, s in zip(mean, std, strict=True)]
+                hi = [m + s for m, s in zip(mean, std, strict=True)]
+                ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("step")
         ax.set_ylabel(metric.replace("_", " "))
-        if metric in LOG_SCALE and all(y > 0 for _, pts in series for _, y in pts):
+        if metric in LOG_SCALE and all(y > 0 for s in series for y in s[2]):  # the means
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -104,13 +170,14 @@ def plot_runs(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return paths
 
 
-def make_report(dirs: list[str | Path], out: str | Path) -> Path:
-    """Write ``report.md`` and PNG plots for the runs in ``dirs`` into ``out``."""
+def make_report(dirs: list[str | Path], out: str | Path, *, group: bool = True) -> Path:
+    """Write ``report.md`` and PNG plots for the runs in ``dirs`` into ``out``; ``group`` merges
+    repeats that differ only in their seeds (mean ± std)."""
     runs = load_runs(dirs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plots = plot_runs(runs, out)
-    body = ["# privdl report", "", markdown_table(runs), ""]
+    plots = plot_runs(runs, out, group=group)
+    body = ["# privdl report", "", markdown_table(runs, group=group), ""]
     for p in plots:
         body.append(f"![{p.stem}]({p.name})")
     path = out / "report.md"

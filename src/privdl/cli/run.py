@@ -177,10 +177,15 @@ def demo(out: str, steps: int, epsilon: float, progress) -> None:
 @click.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--out", type=click.Path(), default="report", show_default=True)
-def report(dirs: tuple[str, ...], out: str) -> None:
+@click.option(
+    "--group/--per-run",
+    default=True,
+    help="Merge runs that differ only in seed/data_seed: mean ± std (default), or a row each.",
+)
+def report(dirs: tuple[str, ...], out: str, group: bool) -> None:
     """Make a markdown table and PNG plots from one or several run directories."""
     from privdl.report import make_report
 
-    path = make_report(list(dirs), out)
+    path = make_report(list(dirs), out, group=group)
     click.echo(path.read_text())
     click.echo(f"written: {path}")
