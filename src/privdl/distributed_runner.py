@@ -252,7 +252,15 @@ def run_worker(
     Joins the process group from the environment (``privdl launch`` or ``torchrun``). With
     ``resume`` the config and checkpoint are read from ``out_dir`` by rank 0 and broadcast.
     """
-    from privdl.runner import _progress, build, checkpoint, export_state, import_state
+    from privdl.runner import (
+        _progress,
+        build,
+        checkpoint,
+        export_state,
+        finish_run,
+        import_state,
+        refuse_diverged,
+    )
 
     if cfg is not None and not isinstance(cfg, RunConfig):
         cfg = make_config(cfg)
@@ -327,23 +335,12 @@ def run_worker(
         if records is not None:
             if last_row is None:
                 last_row = _eval_row(built, full, state.t, time.perf_counter() - start_wall)
-            summary = {
-                "config": cfg.model_dump(),
-                "final": last_row,
-                "steps_done": state.t,
-                "completed": state.t == cfg.steps,
-                "topology": built.topology.summary(),
-                "distributed": {"world_size": world, "backend": dist.get_backend()},
-            }
-            cal = Path(out_dir) / "calibration.json"
-            if cal.is_file():
-                summary["calibration"] = json.loads(cal.read_text())
-            records.finish(summary)
+            summary = finish_run(
+                built, records, last_row, state.t,
+                distributed={"world_size": world, "backend": dist.get_backend()},
+            )  # fmt: skip
         summary = _bcast(summary)
-        if summary["final"].get("diverged"):
-            raise PrivdlError(
-                f"training diverged at step {state.t} (non-finite metrics); lower --lr or clip"
-            )
+        refuse_diverged(summary)
         return summary
 
 

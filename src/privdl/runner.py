@@ -351,24 +351,39 @@ def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, 
                 return {"stopped_at": state.t}
     if last_row is None:
         last_row = _eval_row(built, state, time.perf_counter() - start_wall)
+    summary = finish_run(built, records, last_row, state.t)
+    refuse_diverged(summary)
+    return summary
+
+
+def finish_run(
+    built: Built, records: RunRecords, last_row: dict[str, Any], t: int, **extra: Any
+) -> dict[str, Any]:
+    """Write ``summary.json`` (the final row, config, topology, calibration and ``extra``)."""
+    import json
+
     summary = {
-        "config": cfg.model_dump(),
+        "config": built.cfg.model_dump(),
         "final": last_row,
-        "steps_done": state.t,
-        "completed": state.t == cfg.steps,
+        "steps_done": t,
+        "completed": t == built.cfg.steps,
         "topology": built.topology.summary(),
+        **extra,
     }
     cal = records.dir / CALIBRATION_FILE
     if cal.is_file():
-        import json
-
         summary["calibration"] = json.loads(cal.read_text())
     records.finish(summary)
-    if last_row.get("diverged"):
-        raise PrivdlError(
-            f"training diverged at step {state.t} (non-finite metrics); lower --lr or clip"
-        )
     return summary
+
+
+def refuse_diverged(summary: dict[str, Any]) -> None:
+    """A run whose last evaluation was not finite ends with a clear error (after its records)."""
+    if summary["final"].get("diverged"):
+        raise PrivdlError(
+            f"training diverged at step {summary['steps_done']} (non-finite metrics); "
+            "lower --lr or clip"
+        )
 
 
 def _short(row: dict[str, Any]) -> str:
