@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -205,3 +206,14 @@ def test_a_run_saved_before_noise_backend_existed_resumes_with_chacha20(tmp_path
     path.write_text(json.dumps(saved))
     resumed = resume(tmp_path / "old", progress=False)
     assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]
+
+
+def test_a_diverging_run_stops_with_a_clear_error_and_says_so_in_its_records(tmp_path):
+    cfg = make_config({**LS, "algorithm": "dsgd", "clip": None, "clip_mode": "none",
+                       "lr": 1e3, "eval_every": 10, "steps": 200})  # fmt: skip
+    with pytest.raises(PrivdlError, match=r"training diverged at step (\d+)") as err:
+        train(cfg, tmp_path / "d", progress=False)
+    summary = RunRecords(tmp_path / "d").summary()
+    assert summary["final"]["diverged"] is True and summary["completed"] is False
+    step = int(re.search(r"step (\d+)", str(err.value))[1])
+    assert summary["steps_done"] == summary["final"]["step"] == step < cfg.steps
