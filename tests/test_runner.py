@@ -217,3 +217,13 @@ def test_a_diverging_run_stops_with_a_clear_error_and_says_so_in_its_records(tmp
     assert summary["final"]["diverged"] is True and summary["completed"] is False
     step = int(re.search(r"step (\d+)", str(err.value))[1])
     assert summary["steps_done"] == summary["final"]["step"] == step < cfg.steps
+
+
+def test_progress_note_shows_the_epsilon_spent_and_flags_nominal():
+    from privdl.runner import _short
+
+    row = {"loss": 0.5, "accuracy": 0.75, "privacy": {"epsilon": 1.23456, "nominal": False}}
+    assert _short(row) == "loss=0.5 accuracy=0.75 eps=1.23"
+    row["privacy"]["nominal"] = True
+    assert _short(row).endswith("eps=1.23 (nominal)")
+    assert _short({"loss": 0.5}) == "loss=0.5"

@@ -254,6 +254,7 @@ def run_worker(
     """
     from privdl.runner import (
         _progress,
+        _short,
         build,
         checkpoint,
         export_state,
@@ -325,6 +326,7 @@ def run_worker(
                         if state.t not in have:
                             records.append(row)
                         last_row, stop = row, bool(row.get("diverged"))
+                        prog.update(bar, info=_short(row))
                     if _bcast(stop):
                         break
                 if stop_after is not None and state.t >= stop_after:

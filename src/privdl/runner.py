@@ -387,8 +387,12 @@ def refuse_diverged(summary: dict[str, Any]) -> None:
 
 
 def _short(row: dict[str, Any]) -> str:
+    """The progress bar's note: the headline metrics and the epsilon spent so far."""
     parts = []
     for key in ("loss", "accuracy", "optimality_gap"):
         if key in row and isinstance(row[key], float):
             parts.append(f"{key}={row[key]:.4g}")
+    priv = row.get("privacy")
+    if priv and isinstance(priv.get("epsilon"), float):
+        parts.append(f"eps={priv['epsilon']:.3g}" + (" (nominal)" if priv.get("nominal") else ""))
     return " ".join(parts)
