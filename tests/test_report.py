@@ -43,9 +43,9 @@ def test_repeats_are_merged_into_mean_and_sample_std(tmp_path):
     table = markdown_table(load_runs(dirs))
     assert len(table.splitlines()) == 2 + 2  # header, rule, two groups
     mean, std = np.mean(accs), np.std(accs, ddof=1)
-    assert _cell(table, 0, "accuracy") == f"{mean:.4g} ± {std:.2g}"
+    assert _cell(table, 0, "test accuracy") == f"{mean:.4g} ± {std:.2g}"
     assert _cell(table, 0, "seeds") == "3" and _cell(table, 1, "seeds") == "1"
-    assert _cell(table, 1, "accuracy") == "0.9" and _cell(table, 1, "privacy") == "non-private"
+    assert _cell(table, 1, "test accuracy") == "0.9" and _cell(table, 1, "privacy") == "non-private"
     per_run = markdown_table(load_runs(dirs), group=False)
     assert len(per_run.splitlines()) == 2 + 4 and "±" not in per_run
 

@@ -18,6 +18,10 @@ from privdl.records import RunRecords
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
 SEED_KEYS = ("seed", "data_seed")
+#: Column names of the metrics: ``loss`` is the training objective at the average model and
+#: ``accuracy`` its test accuracy (privdl.tasks).
+HEADERS = {"loss": "train loss", "accuracy": "test accuracy", "optimality_gap": "optimality gap",
+           "consensus_distance": "consensus distance"}  # fmt: skip
 #: Metrics plotted against the step when present, in this order.
 PLOT_METRICS = ("loss", "accuracy", "optimality_gap", "loss_gap", "consensus_distance")
 LOG_SCALE = {"loss_gap", "optimality_gap", "consensus_distance"}
@@ -93,7 +97,8 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
     ]
     groups = group_repeats(runs) if group else [[r] for r in runs]
     repeats = any(len(g) > 1 for g in groups)
-    head = "| run | steps | " + ("seeds | " if repeats else "") + " | ".join(metrics)
+    head = "| run | steps | " + ("seeds | " if repeats else "")
+    head += " | ".join(HEADERS.get(m, m) for m in metrics)
     head += " | privacy | complete |"
     sep = "|" + "---|" * (len(metrics) + 4 + repeats)
     lines = [head, sep]
@@ -157,7 +162,7 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
                 hi = [m + s for m, s in zip(mean, std, strict=True)]
                 ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("step")
-        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_ylabel(HEADERS.get(metric, metric.replace("_", " ")))
         if metric in LOG_SCALE and all(y > 0 for s in series for y in s[2]):  # the means
             ax.set_yscale("log")
         ax.grid(alpha=0.3)

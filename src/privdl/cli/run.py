@@ -164,12 +164,18 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
     show_default=True,
     help="Privacy target of the private runs (delta = 1e-5, user-level).",
 )
+@click.option("--graph", default="ring:16", show_default=True, help="Graph of the DECOR/LDP runs.")
+@click.option(
+    "--seeds", type=int, default=1, show_default=True, help="Repeat each method over seeds 1..K."
+)
 @click.option("--progress/--no-progress", default=None)
-def demo(out: str, steps: int, epsilon: float, progress) -> None:
+def demo(out: str, steps: int, epsilon: float, graph: str, seeds: int, progress) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""
     from privdl.demo import run_demo
 
-    table, report = run_demo(Path(out), steps=steps, epsilon=epsilon, progress=progress)
+    table, report = run_demo(
+        Path(out), steps=steps, epsilon=epsilon, graph=graph, seeds=seeds, progress=progress
+    )
     click.echo(table)
     click.echo(f"\nreport: {report}")
 
