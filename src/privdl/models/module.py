@@ -69,7 +69,7 @@ class ModuleModel(StackedModel):
         factory: Callable[[], nn.Module] | None = None,
     ) -> None:
         if (module is None) == (factory is None):
-            raise ConfigError("give ModuleModel a module or a factory, not both")
+            raise ConfigError("give ModuleModel exactly one of module= and factory=")
         self.factory = factory
         if factory is not None:
             module = _call_factory(factory, seed=0, name=name or repr(factory))
