@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from privdl.cli.main import main
@@ -102,3 +103,45 @@ def test_resume_from_the_cli(tmp_path, capsys):
     assert summary["steps_done"] == 20 and summary["completed"]
     full = train(cfg, tmp_path / "f", progress=False)
     assert summary["final"]["optimality_gap"] == full["final"]["optimality_gap"]
+
+
+def test_seeds_repeat_a_run_and_report_mean_and_std(tmp_path, capsys):
+    out = tmp_path / "rep"
+    argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1-2,4"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    gaps = [
+        json.loads((out / f"seed-{s}" / "summary.json").read_text())["final"]["optimality_gap"]
+        for s in (1, 2, 4)
+    ]
+    assert len(set(gaps)) == 3  # three different noise draws
+    mean, std = float(np.mean(gaps)), float(np.std(gaps, ddof=1))
+    assert f"{mean:.4g} ± {std:.2g}" in text and "| 3 |" in text
+    assert (out / "report.md").exists()
+
+
+def test_resume_of_a_seed_sweep_continues_each_cut_off_run(tmp_path, capsys):
+    from privdl.config import make_config
+    from privdl.runner import train
+
+    values = dict(algorithm="ldp", graph="ring:6", sigma=0.5, task="least-squares", steps=20,
+                  eval_every=10, clip=1.0, dtype="float64")  # fmt: skip
+    train(make_config({**values, "seed": 1}), tmp_path / "s" / "seed-1", stop_after=10)
+    train(make_config({**values, "seed": 2}), tmp_path / "s" / "seed-2")
+    assert main(["run", "--resume", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "s" / "seed-1" / "summary.json").read_text())["completed"]
+    assert "| 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seeds", ["a,b", "3-x", "-1", ""])
+def test_bad_seed_lists_are_one_line_errors(tmp_path, capsys, seeds):
+    argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", seeds]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "--seeds" in err[0], err
+
+
+def test_seed_and_seeds_together_are_refused(tmp_path, capsys):
+    argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1,2"]
+    assert main([*argv, "--seed", "3", "--out", str(tmp_path / "o")]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -109,10 +109,16 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 )
 @click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
 @click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
-@click.option("--resume", "resume_dir", type=click.Path(), help="Continue the run in DIR.")
+@click.option(
+    "--seeds",
+    help="Repeat over seeds, e.g. 1,2,3 or 1-5: runs in OUT/seed-K, then a mean ± std table.",
+)
+@click.option(
+    "--resume", "resume_dir", type=click.Path(), help="Continue the run (or the seed runs) in DIR."
+)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier run in --out.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: if a tty).")
-def run(algorithm, config_file, sets, out, resume_dir, overwrite, progress, **flags) -> None:
+def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progress, **flags) -> None:
     """Train ALGORITHM and record metrics and privacy spent.
 
     ALGORITHM: dsgd, ldp, cdp, decor (DECOR), porter-dp, porter-gc (PORTER), privsgp,
@@ -121,8 +127,15 @@ def run(algorithm, config_file, sets, out, resume_dir, overwrite, progress, **fl
     from privdl.runner import resume, train
 
     if resume_dir:
-        summary = resume(resume_dir, progress=progress)
-        _print_summary(summary, Path(resume_dir))
+        repeats = sorted(Path(resume_dir).glob("seed-*/config.json"))
+        if (Path(resume_dir) / "config.json").is_file() or not repeats:
+            summary = resume(resume_dir, progress=progress)
+            _print_summary(summary, Path(resume_dir))
+            return
+        dirs = [p.parent for p in repeats]
+        for d in dirs:
+            resume(d, progress=progress)
+        _print_repeats(dirs, Path(resume_dir))
         return
     values: dict = load_config_file(config_file) if config_file else {}
     if algorithm:
@@ -133,8 +146,41 @@ def run(algorithm, config_file, sets, out, resume_dir, overwrite, progress, **fl
     values.update(_parse_set(sets))
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
-    summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
-    _print_summary(summary, out_dir)
+    if seeds is None:
+        summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
+        _print_summary(summary, out_dir)
+        return
+    if "seed" in values:
+        raise ConfigError("give --seed or --seeds, not both")
+    dirs = []
+    for seed in parse_seeds(seeds):
+        d = out_dir / f"seed-{seed}"
+        train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
+        dirs.append(d)
+    _print_repeats(dirs, out_dir)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1,2,3`` or ``1-5`` (or a mix, ``1-3,7``) into distinct seeds, in order."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            span = range(int(lo), int(hi) + 1) if dash else [int(lo)]
+            seeds.extend(s for s in span if s not in seeds)
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected e.g. 1,2,3 or 1-5") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise ConfigError(f"--seeds {text!r}: expected non-negative seeds, e.g. 1,2,3 or 1-5")
+    return seeds
+
+
+def _print_repeats(dirs: list[Path], out_dir: Path) -> None:
+    from privdl.report import make_report
+
+    path = make_report(dirs, out_dir)
+    click.echo(path.read_text().split("\n\n![", 1)[0].removeprefix("# privdl report\n\n"))
+    click.echo(f"records: {out_dir}/seed-*; report: {path}")
 
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
