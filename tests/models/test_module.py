@@ -12,8 +12,9 @@ from torch import nn
 
 import privdl
 from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.ghost import supports_ghost
 from privdl.errors import ConfigError
-from privdl.models import ModuleModel, build_model
+from privdl.models import ModuleModel, SequentialModuleModel, build_model, from_module
 from privdl.models.module import load_module
 
 F64 = torch.float64
@@ -175,3 +176,62 @@ def test_a_factory_is_seeded_by_the_generator(user_dir):
     assert torch.equal(a[0], a[1])  # every node starts at one x^0
     distinct = x0(7, same=False)
     assert not torch.equal(distinct[0], distinct[1])
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)),
+        nn.Identity(),
+        nn.Flatten(),
+        nn.Linear(3 * 3 * 3, 4),
+        nn.Tanh(),
+        nn.Linear(4, 3, bias=False),
+    )
+
+
+def test_a_sequential_of_known_layers_takes_the_ghost_path_and_agrees_with_vmap():
+    gen = torch.Generator().manual_seed(11)
+    fast = from_module(_cnn(), in_shape=(1, 6, 6))
+    slow = ModuleModel(_cnn(), in_shape=(1, 6, 6))
+    assert isinstance(fast, SequentialModuleModel) and supports_ghost(fast)
+    assert fast.param_shapes() == slow.param_shapes()  # the module's own names
+    assert "0.0.weight" in fast.param_shapes() and "5.weight" in fast.param_shapes()
+    params = _stacked(slow, 3, gen)
+    x = torch.randn(3, 5, 1, 6, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (3, 5), generator=gen)
+    torch.testing.assert_close(fast.forward(params, x), slow.forward(params, x))
+    clip = ClipSpec("per_sample", threshold=0.2)
+    a = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    b = node_gradients(slow, params, x, y, loss="cross_entropy", clip=clip)
+    for k in a.grads:
+        torch.testing.assert_close(a.grads[k], b.grads[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        nn.Sequential(nn.Conv2d(1, 2, 3, dilation=2), nn.Flatten(), nn.Linear(8, 3)),
+        nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(32, 3)),
+        nn.Sequential(nn.AvgPool2d(2), nn.Flatten(), nn.Linear(9, 3)),
+        GroupNormNet(),
+    ],
+)
+def test_other_modules_keep_the_generic_vmap_path(module):
+    in_shape = (2, 5, 5) if isinstance(module, GroupNormNet) else (1, 6, 6)
+    model = from_module(module, in_shape=in_shape)
+    assert type(model) is ModuleModel and not supports_ghost(model)
+
+
+def test_a_sequential_factory_starts_where_the_generic_path_would(user_dir):
+    (user_dir / "seqnet.py").write_text(
+        "from torch import nn\n\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Linear(123, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+    )
+    fast = build_model("seqnet:make", in_shape=(123,), n_classes=2)
+    slow = ModuleModel(in_shape=(123,), factory=load_module("seqnet:make"))
+    assert isinstance(fast, SequentialModuleModel)
+    a = fast.init(n_nodes=2, generator=torch.Generator().manual_seed(4))
+    b = slow.init(n_nodes=2, generator=torch.Generator().manual_seed(4))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sys.modules.pop("seqnet", None)

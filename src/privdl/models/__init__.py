@@ -29,7 +29,13 @@ from privdl.models.base import (
     SequentialModel,
     StackedModel,
 )
-from privdl.models.module import ModuleModel, is_module_spec, model_from_spec
+from privdl.models.module import (
+    ModuleModel,
+    SequentialModuleModel,
+    from_module,
+    is_module_spec,
+    model_from_spec,
+)
 from privdl.models.resnet import StackedResNet
 
 __all__ = [
@@ -42,9 +48,11 @@ __all__ = [
     "MaxPool2d",
     "ModuleModel",
     "SequentialModel",
+    "SequentialModuleModel",
     "StackedModel",
     "StackedResNet",
     "build_model",
+    "from_module",
 ]
 
 MODEL_NAMES = ("linear", "mlp", "cnn-mnist", "cnn-fmnist", "resnet18-gn", "resnet34-nonorm")

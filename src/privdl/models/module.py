@@ -3,8 +3,15 @@
 ``ModuleModel(module, in_shape=...)`` runs ``module`` for every node at once: its parameters are
 stacked over nodes and ``forward`` is ``torch.func.vmap`` over nodes of
 ``torch.func.functional_call(module, params_i, (x_i,))``. Per-sample gradients then come from the
-engine's ``vmap(grad)`` path (the ghost path needs privdl's own layers), so any module torch.func
-can differentiate works.
+engine's ``vmap(grad)`` path, so any module torch.func can differentiate works.
+
+:func:`from_module` (what ``--model package.module:Name`` uses) first tries the fast path: an
+``nn.Sequential`` (nested ones too) of ``Linear``, ``Conv2d`` (square kernel, one group, no
+dilation, zero padding), ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (stride = kernel),
+``Flatten`` and ``Identity`` becomes a :class:`SequentialModuleModel` of privdl's own layers, with
+the same parameter names, whose per-sample norms come from the ghost path (for a 784-128-10 MLP
+on 16 nodes x 64 samples, ~8 ms per clipped step against ~2 s by ``vmap(grad)`` on one CPU
+thread, 2026-11-24). Anything else takes the generic ``vmap`` path.
 
 Initial weights: given a module, every node starts from its weights (the common ``x^0`` of the
 papers; a pretrained module starts pretrained). Given a ``factory`` (a class or a function that
@@ -38,7 +45,17 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from privdl.errors import ConfigError
-from privdl.models.base import ParamShapes, StackedModel
+from privdl.models.base import (
+    Activation,
+    Conv2d,
+    Flatten,
+    Layer,
+    Linear,
+    MaxPool2d,
+    ParamShapes,
+    SequentialModel,
+    StackedModel,
+)
 
 #: ``package.module:attribute``; what tells a module spec from a built-in model name.
 MODULE_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)$")
@@ -127,6 +144,96 @@ class ModuleModel(StackedModel):
         return vmap(one_node)(params, x)
 
 
+class SequentialModuleModel(SequentialModel):
+    """A user's ``nn.Sequential`` as privdl's own layers (ghost clipping), started from the
+    module's weights or its seeded factory, exactly as :class:`ModuleModel` would be."""
+
+    def __init__(self, source: ModuleModel, layers: list[tuple[str, Layer]]) -> None:
+        super().__init__(source.name, source.in_shape, layers)
+        self.source = source
+        if self.param_shapes() != source.param_shapes() or self.out_shape != source.out_shape:
+            raise ConfigError(f"module {source.name}: its layers do not convert one to one")
+
+    def _init_one(self, generator, dtype, device) -> dict[str, Tensor]:
+        return self.source._init_one(generator, dtype, device)
+
+
+def _pair(v, what: str) -> int:
+    """A square size: an int, or a pair of equal ints; else ``ValueError``."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == v[1] and isinstance(v[0], int):
+        return v[0]
+    raise ValueError(what)
+
+
+def _as_layer(m: nn.Module) -> Layer | None:
+    """privdl's layer for one leaf module (``None`` for ``Identity``); ``ValueError`` if none."""
+    if isinstance(m, nn.Identity):
+        return None
+    if type(m) is nn.Linear:
+        return Linear(m.in_features, m.out_features, bias=m.bias is not None)
+    if type(m) is nn.Conv2d:
+        if m.groups != 1 or _pair(m.dilation, "dilation") != 1 or m.padding_mode != "zeros":
+            raise ValueError("conv")
+        return Conv2d(
+            m.in_channels,
+            m.out_channels,
+            _pair(m.kernel_size, "kernel"),
+            stride=_pair(m.stride, "stride"),
+            padding=_pair(m.padding, "padding"),
+            bias=m.bias is not None,
+        )
+    names = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+    if type(m) in names:
+        return Activation(names[type(m)])
+    if type(m) is nn.MaxPool2d:
+        k = _pair(m.kernel_size, "pool")
+        if _pair(m.stride, "pool") != k or _pair(m.padding, "pool") != 0:
+            raise ValueError("pool")
+        if _pair(m.dilation, "pool") != 1 or m.ceil_mode or m.return_indices:
+            raise ValueError("pool")
+        return MaxPool2d(k)
+    if type(m) is nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
+        return Flatten()
+    raise ValueError(type(m).__name__)
+
+
+def _sequential_layers(module: nn.Module, prefix: str = "") -> list[tuple[str, Layer]]:
+    if type(module) is not nn.Sequential:
+        raise ValueError("not sequential")
+    layers: list[tuple[str, Layer]] = []
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if type(child) is nn.Sequential:
+            layers.extend(_sequential_layers(child, prefix=f"{path}."))
+        elif (layer := _as_layer(child)) is not None:
+            layers.append((path, layer))
+    return layers
+
+
+def from_module(
+    module: nn.Module | Callable[[], nn.Module],
+    *,
+    in_shape: tuple[int, ...],
+    name: str | None = None,
+) -> StackedModel:
+    """A stacked model of ``module`` (or of a factory that makes it): privdl's own layers and the
+    ghost path when it is an ``nn.Sequential`` of supported layers, else :class:`ModuleModel`."""
+    if isinstance(module, nn.Module):
+        source = ModuleModel(module, in_shape=in_shape, name=name)
+    else:
+        source = ModuleModel(in_shape=in_shape, name=name, factory=module)
+    try:
+        layers = _sequential_layers(source.module)
+    except ValueError:
+        return source
+    try:
+        return SequentialModuleModel(source, layers)
+    except ConfigError:
+        return source
+
+
 def is_module_spec(name: str) -> bool:
     """Whether a model name is a ``package.module:attribute`` spec (not a built-in name)."""
     return MODULE_SPEC.fullmatch(name) is not None
@@ -146,12 +253,9 @@ def _call_factory(factory: Callable[[], nn.Module], *, seed: int, name: str) -> 
     return made
 
 
-def model_from_spec(spec: str, *, in_shape: tuple[int, ...]) -> ModuleModel:
-    """The :class:`ModuleModel` of ``package.module:Name`` (a module, or a seeded factory)."""
-    obj = load_module(spec)
-    if isinstance(obj, nn.Module):
-        return ModuleModel(obj, in_shape=in_shape, name=spec)
-    return ModuleModel(in_shape=in_shape, name=spec, factory=obj)
+def model_from_spec(spec: str, *, in_shape: tuple[int, ...]) -> StackedModel:
+    """The stacked model of ``package.module:Name`` (a module, or a seeded factory)."""
+    return from_module(load_module(spec), in_shape=in_shape, name=spec)
 
 
 def load_module(spec: str) -> nn.Module | Callable[[], nn.Module]:
