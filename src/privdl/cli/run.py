@@ -127,7 +127,9 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     from privdl.runner import resume, train
 
     if resume_dir:
-        repeats = sorted(Path(resume_dir).glob("seed-*/config.json"))
+        repeats = sorted(
+            Path(resume_dir).glob("seed-*/config.json"), key=lambda p: (len(p.parent.name), p)
+        )
         if (Path(resume_dir) / "config.json").is_file() or not repeats:
             summary = resume(resume_dir, progress=progress)
             _print_summary(summary, Path(resume_dir))
@@ -176,10 +178,10 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _print_repeats(dirs: list[Path], out_dir: Path) -> None:
-    from privdl.report import make_report
+    from privdl.report import load_runs, make_report, markdown_table
 
     path = make_report(dirs, out_dir)
-    click.echo(path.read_text().split("\n\n![", 1)[0].removeprefix("# privdl report\n\n"))
+    click.echo(markdown_table(load_runs(dirs)))
     click.echo(f"records: {out_dir}/seed-*; report: {path}")
 
 
