@@ -227,3 +227,13 @@ def test_progress_note_shows_the_epsilon_spent_and_flags_nominal():
     row["privacy"]["nominal"] = True
     assert _short(row).endswith("eps=1.23 (nominal)")
     assert _short({"loss": 0.5}) == "loss=0.5"
+
+
+def test_porter_default_mixing_is_fdla_on_small_graphs_and_best_constant_on_large():
+    from privdl.config import FDLA_DEFAULT_MAX_NODES
+
+    small = make_config({"algorithm": "porter-dp", "graph": "ring:16"})
+    large = make_config({"algorithm": "porter-dp", "graph": f"ring:{FDLA_DEFAULT_MAX_NODES + 1}"})
+    chosen = make_config({"algorithm": "porter-dp", "graph": "ring:300", "mixing": "fdla"})
+    assert (small.mixing, large.mixing, chosen.mixing) == ("fdla", "best-constant", "fdla")
+    assert make_config({"algorithm": "decor", "graph": "ring:300"}).mixing == "metropolis"

@@ -22,6 +22,9 @@ PORTER = ("porter-dp", "porter-gc")
 PRIVSGP = ("privsgp", "privsgp-vr")
 #: Consensus step size gamma of PORTER when not given (the porter-a9a preset's tuned value).
 DEFAULT_PORTER_GAMMA = 0.05
+#: Largest graph whose PORTER default mixing is FDLA: its subgradient solver does 2000 dense
+#: eigendecompositions (~5 s at n = 128, ~20 s at 256 on 2 CPU cores, growing as n^3).
+FDLA_DEFAULT_MAX_NODES = 256
 TASKS = ("least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10")
 
 
@@ -38,7 +41,8 @@ class RunConfig(BaseModel):
     ] = "a9a"
     model: str | None = None
     graph: str = "ring:16"
-    # None: "fdla" for PORTER (its experiments, spec porter.md §6.1), "metropolis" otherwise
+    # None: "fdla" for PORTER (its experiments, spec porter.md §6.1; "best-constant" above
+    # FDLA_DEFAULT_MAX_NODES nodes, where FDLA's dense solver takes minutes), "metropolis" otherwise
     mixing: (
         Literal["decor", "metropolis", "max-degree", "average", "fdla", "best-constant"] | None
     ) = None
@@ -184,7 +188,12 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"{cfg.algorithm} clips per sample: use clip_mode per_sample")
     updates: dict[str, Any] = {}
     if cfg.mixing is None:
-        updates["mixing"] = "fdla" if porter else "metropolis"
+        updates["mixing"] = "metropolis"
+        if porter:
+            from privdl.topology import parse_topology
+
+            small = parse_topology(cfg.graph).n <= FDLA_DEFAULT_MAX_NODES
+            updates["mixing"] = "fdla" if small else "best-constant"
     if porter and cfg.compressor is None:
         updates["compressor"] = "none"
     if porter and cfg.gamma is None:

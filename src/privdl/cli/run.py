@@ -72,8 +72,8 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 )
 @click.option(
     "--mixing",
-    help="decor, metropolis, max-degree, average, fdla, best-constant (default: fdla for PORTER, "
-    "metropolis otherwise).",
+    help="decor, metropolis, max-degree, average, fdla, best-constant (default: fdla for PORTER "
+    "up to 256 nodes, best-constant above; metropolis otherwise).",
 )
 @click.option("--steps", type=int)
 @click.option("--lr", type=float)
