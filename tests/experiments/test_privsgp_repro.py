@@ -30,6 +30,22 @@ def test_quick_mnist_reproductions(name, tmp_path, shared_datasets):
     assert list(tmp_path.glob("*.png"))
 
 
+def test_vr_reproduction_over_seeds_reports_means_and_paired_differences(tmp_path, shared_datasets):
+    mnist = shared_datasets / "mnist"
+    if not mnist.is_dir():
+        pytest.skip(f"MNIST not found under {mnist}")
+    summary = get("privsgp-mnist-vr").run(
+        tmp_path, quick=True, data_dir=str(mnist), overrides={"seeds": "2"}
+    )
+    res = summary["results"]
+    vr, sgp = res["PrivSGP-VR (expo)"], res["PrivSGP (expo)"]
+    per_seed = vr["final_loss_per_seed"]
+    assert len(per_seed) == 2 and per_seed[0] != per_seed[1]  # two different noise draws
+    assert vr["final"]["loss"] == pytest.approx(sum(per_seed) / 2, rel=1e-12)
+    diffs = [a - b for a, b in zip(per_seed, sgp["final_loss_per_seed"], strict=True)]
+    assert ", ".join(f"{d:+.4f}" for d in diffs) in (tmp_path / "report.md").read_text()
+
+
 def test_quick_cifar_reproduction(tmp_path, capsys):
     summary = get("privsgp-cifar").run(tmp_path, quick=True, device="cpu")
     _check(tmp_path, summary)
