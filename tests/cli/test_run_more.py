@@ -145,3 +145,13 @@ def test_seed_and_seeds_together_are_refused(tmp_path, capsys):
     argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1,2"]
     assert main([*argv, "--seed", "3", "--out", str(tmp_path / "o")]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_reproduction_directory_has_one_writer(tmp_path, capsys):
+    from privdl.records import RunRecords
+
+    out = tmp_path / "fig2"
+    with RunRecords(out).exclusive():
+        assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 2
+    assert "being written by another privdl process" in capsys.readouterr().err
+    assert not (out / "report.md").exists()

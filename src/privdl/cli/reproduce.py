@@ -70,7 +70,10 @@ def reproduce(
         if "overrides" not in accepted:
             raise ConfigError(f"reproduction {name!r} takes no --set overrides")
         kwargs["overrides"] = _parse_overrides(overrides)
-    rep.run(out_dir, **kwargs)
+    from privdl.records import RunRecords
+
+    with RunRecords(out_dir).exclusive():  # one writer per output directory, as for runs
+        rep.run(out_dir, **kwargs)
     click.echo((out_dir / "report.md").read_text())
     click.echo(f"written: {out_dir}")
 
