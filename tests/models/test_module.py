@@ -235,3 +235,72 @@ def test_a_sequential_factory_starts_where_the_generic_path_would(user_dir):
     b = slow.init(n_nodes=2, generator=torch.Generator().manual_seed(4))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     sys.modules.pop("seqnet", None)
+
+
+class ChainNet(nn.Module):  # registered out of forward order, functional activations and pooling
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4 * 2 * 2, 3)
+        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)
+        self.conv2 = nn.Conv2d(2, 4, 3)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(torch.tanh(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc2(x + torch.relu(self.fc1(x)))
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.out(self.fc(torch.relu(self.fc(x))))
+
+
+class ViewNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(x.view(x.size(0), -1))
+
+
+def test_a_forward_that_traces_to_a_chain_takes_the_ghost_path():
+    gen = torch.Generator().manual_seed(2)
+    fast = from_module(ChainNet(), in_shape=(1, 6, 6))
+    slow = ModuleModel(ChainNet(), in_shape=(1, 6, 6))
+    assert isinstance(fast, SequentialModuleModel)
+    assert list(fast.param_shapes()) == list(slow.param_shapes())  # parameters() order kept
+    assert list(fast.param_shapes())[0] == "fc.weight"
+    params = _stacked(slow, 2, gen)
+    x = torch.randn(2, 4, 1, 6, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (2, 4), generator=gen)
+    torch.testing.assert_close(fast.forward(params, x), slow.forward(params, x))
+    clip = ClipSpec("per_sample", threshold=0.1)
+    a = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    b = node_gradients(slow, params, x, y, loss="cross_entropy", clip=clip)
+    assert list(a.grads) == list(params)
+    for k in a.grads:
+        torch.testing.assert_close(a.grads[k], b.grads[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [Residual, Twice, ViewNet])
+def test_forwards_that_are_not_plain_chains_keep_the_vmap_path(cls):
+    model = from_module(cls(), in_shape=(6,))
+    assert type(model) is ModuleModel
+    x = torch.randn(1, 3, 6)
+    params = model.init(n_nodes=1, generator=torch.Generator())
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward(params, x)[0], model.module(x[0]))
