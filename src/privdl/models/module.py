@@ -8,11 +8,12 @@ engine's ``vmap(grad)`` path, so any module torch.func can differentiate works.
 :func:`from_module` (what ``--model package.module:Name`` uses) first tries the fast path: an
 ``nn.Sequential`` (nested ones too) of ``Linear``, ``Conv2d`` (square kernel, one group, no
 dilation, zero padding), ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (stride = kernel),
-``Flatten`` and ``Identity`` (or a ``forward`` that ``torch.fx`` traces to a plain chain of
-them and of ``relu``/``sigmoid``/``tanh``/``max_pool2d(x, k)``/``flatten(x, 1)`` calls) becomes a
-:class:`SequentialModuleModel` of privdl's own layers, with the same parameter names, whose per-sample norms come from the ghost path (for a 784-128-10 MLP
-on 16 nodes x 64 samples, ~8 ms per clipped step against ~2 s by ``vmap(grad)`` on one CPU
-thread, 2026-11-24). Anything else takes the generic ``vmap`` path.
+``Flatten`` and ``Identity``, or a ``forward`` that ``torch.fx`` traces to a plain chain of them
+and of ``relu``/``sigmoid``/``tanh``/``max_pool2d(x, k)``/``flatten(x, 1)`` calls, becomes a
+:class:`SequentialModuleModel` of privdl's own layers with the same parameter names, whose
+per-sample norms come from the ghost path (for a 784-128-10 MLP on 16 nodes x 64 samples,
+~8 ms per clipped step against ~2 s by ``vmap(grad)`` on one CPU thread, 2026-11-24).
+Anything else takes the generic ``vmap`` path.
 
 Initial weights: given a module, every node starts from its weights (the common ``x^0`` of the
 papers; a pretrained module starts pretrained). Given a ``factory`` (a class or a function that
