@@ -1057,7 +1057,7 @@ REPRODUCTIONS = [
         paper=PAPER,
         description="Figs. 9-10: PrivSGP-VR vs PrivSGP, DP2-SGD and A(DP)2SGD on MNIST",
         run=run_vr,
-        full_runtime="328 s on one CPU core (measured 2026-11-24)",
+        full_runtime="328 s per seed on one CPU core, 3 seeds (measured 2026-11-24)",
     ),
     Reproduction(
         name="privsgp-cifar",
