@@ -166,6 +166,8 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"partition": "dirichlet:-1"}, "partition"),
         ({"clip": float("nan")}, "clip"),
         ({"noise_backend": "philox"}, "noise_backend"),
+        ({"task": "least-squares", "model": "mlp"}, "its own linear model"),
+        ({"device": "tpu"}, "cpu, cuda or cuda:N"),
     ],
 )
 def test_config_validation(values, msg):
