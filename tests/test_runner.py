@@ -166,7 +166,8 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"partition": "dirichlet:-1"}, "partition"),
         ({"clip": float("nan")}, "clip"),
         ({"noise_backend": "philox"}, "noise_backend"),
-        ({"task": "least-squares", "model": "mlp"}, "its own linear model"),
+        ({"task": "least-squares", "model": "mlp"}, "drop model"),
+        ({"task": "least-squares", "partition": "dirichlet:0.5"}, "drop partition"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
     ],
 )

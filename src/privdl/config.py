@@ -160,10 +160,12 @@ def make_config(values: dict[str, Any]) -> RunConfig:
     if cfg.clip is not None and cfg.clip_mode == "none":
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
-    if cfg.task == "least-squares" and cfg.model is not None:
+    if cfg.task == "least-squares" and (cfg.model is not None or cfg.partition != "iid"):
+        what = "model" if cfg.model is not None else "partition"
         raise ConfigError(
-            "least-squares trains its own linear model (DECOR §6.2): drop model, or pick a "
-            "supervised task (a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10)"
+            f"least-squares has its own linear model and per-node data (DECOR §6.2): drop "
+            f"{what}, or pick a supervised task (a9a, mnist, fashion-mnist, cifar10, "
+            "synthetic-cifar10)"
         )
     cfg = _resolve_family_options(cfg)
     if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:
