@@ -169,6 +169,7 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"task": "least-squares", "model": "mlp"}, "drop model"),
         ({"task": "least-squares", "partition": "dirichlet:0.5"}, "drop partition"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
+        ({"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"}, "adversary applies to decor"),
     ],
 )
 def test_config_validation(values, msg):

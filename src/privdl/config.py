@@ -160,6 +160,11 @@ def make_config(values: dict[str, Any]) -> RunConfig:
     if cfg.clip is not None and cfg.clip_mode == "none":
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
+    if cfg.algorithm != "decor" and values.get("adversary", "eavesdropper") != "eavesdropper":
+        raise ConfigError(
+            f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
+            "accounted against its own (ldp for per-node noise, central for cdp)"
+        )
     if cfg.task == "least-squares" and (cfg.model is not None or cfg.partition != "iid"):
         what = "model" if cfg.model is not None else "partition"
         raise ConfigError(
