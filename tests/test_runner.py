@@ -168,6 +168,7 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"noise_backend": "philox"}, "noise_backend"),
         ({"task": "least-squares", "model": "mlp"}, "drop model"),
         ({"task": "least-squares", "partition": "dirichlet:0.5"}, "drop partition"),
+        ({"task": "least-squares", "sampling": "poisson"}, "drop sampling"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
         ({"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"}, "adversary applies to decor"),
     ],

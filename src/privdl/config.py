@@ -165,11 +165,13 @@ def make_config(values: dict[str, Any]) -> RunConfig:
             f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
             "accounted against its own (ldp for per-node noise, central for cdp)"
         )
-    if cfg.task == "least-squares" and (cfg.model is not None or cfg.partition != "iid"):
-        what = "model" if cfg.model is not None else "partition"
+    ls_extra = [k for k in ("model", "partition", "sampling", "batch_size") if k in values]
+    ls_extra = [k for k in ls_extra if values[k] != RunConfig.model_fields[k].default]
+    if cfg.task == "least-squares" and ls_extra:
+        what = ", ".join(ls_extra)
         raise ConfigError(
-            f"least-squares has its own linear model and per-node data (DECOR §6.2): drop "
-            f"{what}, or pick a supervised task (a9a, mnist, fashion-mnist, cifar10, "
+            f"least-squares has its own linear model and per-node data, and every node takes its "
+            f"full local gradient (DECOR §6.2): drop {what}, or pick a supervised task (a9a, mnist, fashion-mnist, cifar10, "
             "synthetic-cifar10)"
         )
     cfg = _resolve_family_options(cfg)
