@@ -169,6 +169,7 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"task": "least-squares", "model": "mlp"}, "drop model"),
         ({"task": "least-squares", "partition": "dirichlet:0.5"}, "drop partition"),
         ({"task": "least-squares", "sampling": "poisson"}, "drop sampling"),
+        ({"task": "a9a", "ls_dim": 5}, "ls_dim is least-squares"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
         ({"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"}, "adversary applies to decor"),
     ],

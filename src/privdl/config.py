@@ -165,6 +165,8 @@ def make_config(values: dict[str, Any]) -> RunConfig:
             f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
             "accounted against its own (ldp for per-node noise, central for cdp)"
         )
+    if cfg.task != "least-squares" and cfg.ls_dim != RunConfig.model_fields["ls_dim"].default:
+        raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
     ls_extra = [k for k in ("model", "partition", "sampling", "batch_size") if k in values]
     ls_extra = [k for k in ls_extra if values[k] != RunConfig.model_fields[k].default]
     if cfg.task == "least-squares" and ls_extra:
