@@ -12,7 +12,8 @@ dilation, zero padding), ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (stride = 
 and of ``relu``/``sigmoid``/``tanh``/``max_pool2d(x, k)``/``flatten(x, 1)`` calls, becomes a
 :class:`SequentialModuleModel` of privdl's own layers with the same parameter names, whose
 per-sample norms come from the ghost path (for a 784-128-10 MLP on 16 nodes x 64 samples,
-~8 ms per clipped step against ~2 s by ``vmap(grad)`` on one CPU thread, 2026-11-24).
+4.0 ms per clipped step against 1.17 s by ``vmap(grad)`` on 2 CPU threads: 296x,
+``benchmarks/bench_module.py``, 2026-11-24).
 Anything else takes the generic ``vmap`` path.
 
 Initial weights: given a module, every node starts from its weights (the common ``x^0`` of the
