@@ -67,3 +67,13 @@ def interleaved_seconds(
             sync()
             times[k].append(time.perf_counter() - t0)
     return times
+
+
+def emit(res: dict, json_out: str | None) -> None:
+    """Print the results as JSON and, with ``--json-out``, write them there too."""
+    import json
+
+    print(json.dumps(res, indent=1))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(res, f, indent=2)

@@ -20,12 +20,11 @@ seconds per local step after one warm-up):
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 
 import torch
 import torch.nn.functional as F
-from _common import add_malloc_flag, apply_malloc_flag, median_seconds
+from _common import add_malloc_flag, apply_malloc_flag, emit, median_seconds
 from torch import nn
 
 import privdl.engine.ghost as ghost
@@ -126,10 +125,7 @@ def main() -> None:
     res["full_unfold_over_column_only"] = res["ghost_full_unfold_s"] / res["ghost_s"]
     res["ghost_over_nonprivate"] = res["ghost_s"] / res["nonprivate_s"]
     res["vmap_over_ghost"] = res["vmap_s"] / res["ghost_s"]
-    print(json.dumps(res, indent=1))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(res, f, indent=2)
+    emit(res, args.json_out)
 
 
 if __name__ == "__main__":

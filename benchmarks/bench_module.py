@@ -21,13 +21,12 @@ The clipped gradients of all four agree (checked here, float32 rounding); the ra
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 
 import torch
 import torch.nn.functional as F
-from _common import add_malloc_flag, apply_malloc_flag, interleaved_seconds
+from _common import add_malloc_flag, apply_malloc_flag, emit, interleaved_seconds
 from torch import nn
 
 from privdl.engine import ClipSpec, node_gradients
@@ -97,10 +96,7 @@ def main() -> None:
         "traced_over_converted": med["traced"] / med["converted"],
         "converted_over_builtin": med["converted"] / med["builtin"],
     }
-    print(json.dumps(res, indent=1))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(res, f, indent=2)
+    emit(res, args.json_out)
 
 
 if __name__ == "__main__":

@@ -190,19 +190,26 @@ def _cnn() -> nn.Module:
 
 
 def test_a_sequential_of_known_layers_takes_the_ghost_path_and_agrees_with_vmap():
-    gen = torch.Generator().manual_seed(11)
     fast = from_module(_cnn(), in_shape=(1, 6, 6))
     slow = ModuleModel(_cnn(), in_shape=(1, 6, 6))
     assert isinstance(fast, SequentialModuleModel) and supports_ghost(fast)
     assert fast.param_shapes() == slow.param_shapes()  # the module's own names
     assert "0.0.weight" in fast.param_shapes() and "5.weight" in fast.param_shapes()
-    params = _stacked(slow, 3, gen)
-    x = torch.randn(3, 5, 1, 6, 6, generator=gen, dtype=F64)
-    y = torch.randint(0, 3, (3, 5), generator=gen)
+    _assert_ghost_equals_vmap(fast, slow, nodes=3, batch=5, threshold=0.2, seed=11)
+
+
+def _assert_ghost_equals_vmap(fast, slow, *, nodes, batch, threshold, seed):
+    """Forward and per-sample clipped gradients of the converted model (ghost path) equal the
+    generic model's (vmap path) on random per-node parameters and a (1, 6, 6) batch."""
+    gen = torch.Generator().manual_seed(seed)
+    params = _stacked(slow, nodes, gen)
+    x = torch.randn(nodes, batch, 1, 6, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (nodes, batch), generator=gen)
     torch.testing.assert_close(fast.forward(params, x), slow.forward(params, x))
-    clip = ClipSpec("per_sample", threshold=0.2)
+    clip = ClipSpec("per_sample", threshold=threshold)
     a = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
     b = node_gradients(slow, params, x, y, loss="cross_entropy", clip=clip)
+    assert list(a.grads) == list(params)
     for k in a.grads:
         torch.testing.assert_close(a.grads[k], b.grads[k], rtol=1e-10, atol=1e-12)
 
@@ -278,22 +285,12 @@ class ViewNet(nn.Module):
 
 
 def test_a_forward_that_traces_to_a_chain_takes_the_ghost_path():
-    gen = torch.Generator().manual_seed(2)
     fast = from_module(ChainNet(), in_shape=(1, 6, 6))
     slow = ModuleModel(ChainNet(), in_shape=(1, 6, 6))
     assert isinstance(fast, SequentialModuleModel)
     assert list(fast.param_shapes()) == list(slow.param_shapes())  # parameters() order kept
     assert list(fast.param_shapes())[0] == "fc.weight"
-    params = _stacked(slow, 2, gen)
-    x = torch.randn(2, 4, 1, 6, 6, generator=gen, dtype=F64)
-    y = torch.randint(0, 3, (2, 4), generator=gen)
-    torch.testing.assert_close(fast.forward(params, x), slow.forward(params, x))
-    clip = ClipSpec("per_sample", threshold=0.1)
-    a = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
-    b = node_gradients(slow, params, x, y, loss="cross_entropy", clip=clip)
-    assert list(a.grads) == list(params)
-    for k in a.grads:
-        torch.testing.assert_close(a.grads[k], b.grads[k], rtol=1e-10, atol=1e-12)
+    _assert_ghost_equals_vmap(fast, slow, nodes=2, batch=4, threshold=0.1, seed=2)
 
 
 @pytest.mark.parametrize("cls", [Residual, Twice, ViewNet])

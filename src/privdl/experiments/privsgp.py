@@ -271,22 +271,7 @@ def run_speedup(
         model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
         alg = PrivSGP(StepSize(gamma), sigmas=math.sqrt(top["sigma2"]))
         comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
-        runs = [
-            _run(
-                alg,
-                model,
-                x,
-                y,
-                train,
-                test,
-                comm,
-                steps=k,
-                cfg=cfg,
-                eval_points=cfg["eval_points"],
-                seed=seed,
-            )
-            for seed in range(int(cfg.get("seeds", 1)))
-        ]
+        runs = _over_seeds(alg, model, x, y, train, test, comm, steps=k, cfg=cfg)
         # The checks use the loss averaged over seeds: one short run is dominated by its noise
         # draw (sigma = 0.1 on each of ~25k coordinates), not by n.
         mean_curve = [
@@ -625,6 +610,26 @@ def _eps_outputs(
 
 # --------------------------------------------------------------------------- Figs 9-10
 @_single_threaded
+def _over_seeds(alg, model, x, y, train, test, comm, *, steps: int, cfg: dict) -> list[dict]:
+    """One :func:`_run` per seed ``0 .. cfg["seeds"] - 1`` (model ``x^0``, samples and noise)."""
+    return [
+        _run(
+            alg,
+            model,
+            x,
+            y,
+            train,
+            test,
+            comm,
+            steps=steps,
+            cfg=cfg,
+            eval_points=cfg["eval_points"],
+            seed=seed,
+        )  # fmt: skip
+        for seed in range(int(cfg.get("seeds", 1)))
+    ]
+
+
 def run_vr(
     out_dir: Path,
     *,
@@ -658,22 +663,7 @@ def run_vr(
     n_seeds = int(cfg.get("seeds", 1))
     results = {}
     for name, (alg, comm) in runs.items():
-        per_seed = [
-            _run(
-                alg,
-                model,
-                x,
-                y,
-                train,
-                test,
-                comm,
-                steps=k,
-                cfg=cfg,
-                eval_points=cfg["eval_points"],
-                seed=seed,
-            )  # fmt: skip
-            for seed in range(n_seeds)
-        ]
+        per_seed = _over_seeds(alg, model, x, y, train, test, comm, steps=k, cfg=cfg)
         # curves and "final" are the seeds' means; per-seed finals are kept beside them
         results[name] = {
             **per_seed[0],
