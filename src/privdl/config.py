@@ -42,7 +42,7 @@ class RunConfig(BaseModel):
     model: str | None = None
     graph: str = "ring:16"
     # None: "fdla" for PORTER (its experiments, spec porter.md §6.1; "best-constant" above
-    # FDLA_DEFAULT_MAX_NODES nodes, where FDLA's dense solver takes minutes), "metropolis" otherwise
+    # FDLA_DEFAULT_MAX_NODES nodes, where FDLA's solver takes minutes), "metropolis" otherwise
     mixing: (
         Literal["decor", "metropolis", "max-degree", "average", "fdla", "best-constant"] | None
     ) = None
@@ -160,28 +160,36 @@ def make_config(values: dict[str, Any]) -> RunConfig:
     if cfg.clip is not None and cfg.clip_mode == "none":
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
-    if cfg.algorithm != "decor" and values.get("adversary", "eavesdropper") != "eavesdropper":
-        raise ConfigError(
-            f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
-            "accounted against its own (ldp for per-node noise, central for cdp)"
-        )
-    if cfg.task != "least-squares" and cfg.ls_dim != RunConfig.model_fields["ls_dim"].default:
-        raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
-    ls_extra = [k for k in ("model", "partition", "sampling", "batch_size") if k in values]
-    ls_extra = [k for k in ls_extra if values[k] != RunConfig.model_fields[k].default]
-    if cfg.task == "least-squares" and ls_extra:
-        what = ", ".join(ls_extra)
-        raise ConfigError(
-            f"least-squares has its own linear model and per-node data, and every node takes its "
-            f"full local gradient (DECOR §6.2): drop {what}, or pick a supervised task (a9a, mnist, fashion-mnist, cifar10, "
-            "synthetic-cifar10)"
-        )
+    _refuse_ignored_options(cfg, values)
     cfg = _resolve_family_options(cfg)
     if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:
         raise ConfigError(f"delta must be in (0, 1), got {cfg.delta}")
     if cfg.epsilon is not None and not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise ConfigError(f"epsilon must be positive, got {cfg.epsilon}")
     return cfg
+
+
+def _refuse_ignored_options(cfg: RunConfig, values: dict[str, Any]) -> None:
+    """Options the chosen algorithm or task would silently ignore are errors, named."""
+    default = {k: f.default for k, f in RunConfig.model_fields.items()}
+    if cfg.algorithm != "decor" and values.get("adversary", default["adversary"]) != "eavesdropper":
+        raise ConfigError(
+            f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
+            "accounted against its own (ldp for per-node noise, central for cdp)"
+        )
+    if cfg.task != "least-squares" and cfg.ls_dim != default["ls_dim"]:
+        raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
+    ignored = [
+        k
+        for k in ("model", "partition", "sampling", "batch_size")
+        if k in values and values[k] != default[k]
+    ]
+    if cfg.task == "least-squares" and ignored:
+        raise ConfigError(
+            "least-squares has its own linear model and per-node data, and every node takes its "
+            f"full local gradient (DECOR §6.2): drop {', '.join(ignored)}, or pick a supervised "
+            "task (a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10)"
+        )
 
 
 def _resolve_family_options(cfg: RunConfig) -> RunConfig:
