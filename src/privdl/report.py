@@ -77,10 +77,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _largest_budget(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    privs = [r.get("privacy") for r in rows]
-    if not all(privs):
-        return None if not any(privs) else max((p for p in privs if p), key=_eps)
-    return max(privs, key=_eps)  # type: ignore[arg-type]
+    """The privacy record with the largest epsilon among ``rows`` (None: all non-private)."""
+    present = [r["privacy"] for r in rows if r.get("privacy")]
+    return max(present, key=_eps) if present else None
 
 
 def _eps(priv: dict[str, Any]) -> float:
