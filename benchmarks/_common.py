@@ -24,6 +24,23 @@ def apply_malloc_flag(args: argparse.Namespace) -> bool:
     return False if args.no_tune_malloc else tune_allocator()
 
 
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every benchmark takes: ``--threads``, ``--json-out`` and ``--no-tune-malloc``."""
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json-out", default=None)
+    add_malloc_flag(parser)
+
+
+def apply_run_flags(args: argparse.Namespace) -> bool:
+    """Apply ``--threads`` and the malloc flag; returns whether malloc was tuned (for the JSON)."""
+    import torch
+
+    tuned = apply_malloc_flag(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return tuned
+
+
 def median_seconds(
     fn: Callable[[], object],
     *,

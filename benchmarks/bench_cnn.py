@@ -24,7 +24,7 @@ import platform
 
 import torch
 import torch.nn.functional as F
-from _common import add_malloc_flag, apply_malloc_flag, emit, median_seconds
+from _common import add_run_flags, apply_run_flags, emit, median_seconds
 from torch import nn
 
 import privdl.engine.ghost as ghost
@@ -72,13 +72,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--loop-clients", type=int, default=2)
     ap.add_argument("--no-loop", action="store_true")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json-out", default=None)
-    add_malloc_flag(ap)
+    add_run_flags(ap)
     args = ap.parse_args()
-    tuned = apply_malloc_flag(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    tuned = apply_run_flags(args)
     gen = torch.Generator().manual_seed(0)
     model = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
     params = model.init(n_nodes=N, generator=gen)

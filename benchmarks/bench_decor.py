@@ -32,7 +32,7 @@ import platform
 import statistics
 
 import torch
-from _common import add_malloc_flag, apply_malloc_flag, interleaved_seconds, median_seconds
+from _common import add_run_flags, apply_run_flags, interleaved_seconds, median_seconds
 from torch import nn
 
 from privdl.algorithms.base import StepSize
@@ -213,17 +213,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--loop-iters", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--graphs", default="torus:4x4,ring:16")
-    ap.add_argument("--json-out", default=None)
-    add_malloc_flag(ap)
+    add_run_flags(ap)
     args = ap.parse_args()
-    malloc_tuned = apply_malloc_flag(args)
+    malloc_tuned = apply_run_flags(args)
     global DEVICE
     DEVICE = torch.device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     res: dict[str, object] = {
         "setting": f"n={N} mlp {IN_DIM}-{HIDDEN}-{CLASSES} B={BATCH} C={C} per-example, "
         f"sigma_cdp={SIGMA_CDP} sigma_cor={SIGMA_COR}",

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from _common import add_malloc_flag, apply_malloc_flag, interleaved_seconds
+from _common import add_run_flags, apply_run_flags, interleaved_seconds
 from torch import nn
 
 from privdl.algorithms.base import in_background
@@ -101,15 +101,11 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20, help="timed iterations (vectorized)")
     ap.add_argument("--loop-iters", type=int, default=5, help="timed iterations (loop)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--check", action="store_true", help="also check vectorized == loop (fp64)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler tables")
-    ap.add_argument("--json-out", default=None)
-    add_malloc_flag(ap)
+    add_run_flags(ap)
     args = ap.parse_args()
-    malloc_tuned = apply_malloc_flag(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    malloc_tuned = apply_run_flags(args)
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
     data_gen = torch.Generator(device=device).manual_seed(1)

@@ -26,7 +26,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from _common import add_malloc_flag, apply_malloc_flag, emit, interleaved_seconds
+from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds
 from torch import nn
 
 from privdl.engine import ClipSpec, node_gradients
@@ -47,13 +47,9 @@ class MLP(nn.Module):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json-out", default=None)
-    add_malloc_flag(ap)
+    add_run_flags(ap)
     args = ap.parse_args()
-    tuned = apply_malloc_flag(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    tuned = apply_run_flags(args)
     seq = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     models = {
         "converted": from_module(seq, in_shape=(784,)),

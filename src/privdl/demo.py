@@ -13,7 +13,7 @@ from pathlib import Path
 
 from privdl.config import make_config
 from privdl.errors import ConfigError
-from privdl.report import group_repeats, load_runs, make_report, markdown_table
+from privdl.report import load_runs, markdown_table, write_report
 from privdl.runner import train
 
 
@@ -66,6 +66,4 @@ def run_demo(
             train(cfg, d, progress=progress, overwrite=True)
             dirs.append(d)
     runs = load_runs(dirs)
-    assert len(group_repeats(runs)) == 4  # one row per method
-    report = make_report(dirs, out)
-    return markdown_table(runs), report
+    return markdown_table(runs), write_report(runs, out)

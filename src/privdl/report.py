@@ -177,7 +177,11 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
 def make_report(dirs: list[str | Path], out: str | Path, *, group: bool = True) -> Path:
     """Write ``report.md`` and PNG plots for the runs in ``dirs`` into ``out``; ``group`` merges
     repeats that differ only in their seeds (mean ± std)."""
-    runs = load_runs(dirs)
+    return write_report(load_runs(dirs), out, group=group)
+
+
+def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = True) -> Path:
+    """:func:`make_report` for runs already loaded (:func:`load_runs`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_runs(runs, out, group=group)

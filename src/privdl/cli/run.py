@@ -178,10 +178,11 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _print_repeats(dirs: list[Path], out_dir: Path) -> None:
-    from privdl.report import load_runs, make_report, markdown_table
+    from privdl.report import load_runs, markdown_table, write_report
 
-    path = make_report(dirs, out_dir)
-    click.echo(markdown_table(load_runs(dirs)))
+    runs = load_runs(dirs)
+    path = write_report(runs, out_dir)
+    click.echo(markdown_table(runs))
     click.echo(f"records: {out_dir}/seed-*; report: {path}")
 
 

@@ -194,7 +194,7 @@ def stacked_conv2d(
     return z.reshape(b, n, weight.shape[1], *z.shape[2:]).transpose(0, 1)
 
 
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
@@ -205,10 +205,10 @@ class Activation(Layer):
     """Elementwise activation (relu, sigmoid, tanh)."""
 
     def __init__(self, name: str) -> None:
-        if name not in _ACTIVATIONS:
-            raise ConfigError(f"unknown activation {name!r}; choose from {sorted(_ACTIVATIONS)}")
+        if name not in ACTIVATIONS:
+            raise ConfigError(f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}")
         self.name = name
-        self.fn = _ACTIVATIONS[name]
+        self.fn = ACTIVATIONS[name]
 
     def forward(self, params, a):
         return self.fn(a)

@@ -50,6 +50,7 @@ from torch.func import functional_call, vmap
 
 from privdl.errors import ConfigError
 from privdl.models.base import (
+    ACTIVATIONS,
     Activation,
     Conv2d,
     Flatten,
@@ -167,6 +168,10 @@ class SequentialModuleModel(SequentialModel):
         return self.source._init_one(generator, dtype, device)
 
 
+#: The ``nn`` modules that are ``Activation`` layers.
+_MODULE_ACTIVATIONS = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+
+
 def _pair(v, what: str) -> int:
     """A square size: an int, or a pair of equal ints; else ``ValueError``."""
     if isinstance(v, int):
@@ -193,9 +198,8 @@ def _as_layer(m: nn.Module) -> Layer | None:
             padding=_pair(m.padding, "padding"),
             bias=m.bias is not None,
         )
-    names = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
-    if type(m) in names:
-        return Activation(names[type(m)])
+    if type(m) in _MODULE_ACTIVATIONS:
+        return Activation(_MODULE_ACTIVATIONS[type(m)])
     if type(m) is nn.MaxPool2d:
         k = _pair(m.kernel_size, "pool")
         if _pair(m.stride, "pool") != k or _pair(m.padding, "pool") != 0:
@@ -221,14 +225,12 @@ def _sequential_layers(module: nn.Module, prefix: str = "") -> list[tuple[str, L
     return layers
 
 
+#: What a traced ``forward`` may call for an activation: ``Activation``'s own functions, their
+#: ``torch.nn.functional`` twin for relu, and the tensor methods of the same names.
 _FX_ACTIVATIONS = {
-    torch.relu: "relu",
+    **{fn: name for name, fn in ACTIVATIONS.items()},
+    **{name: name for name in ACTIVATIONS},
     torch.nn.functional.relu: "relu",
-    torch.sigmoid: "sigmoid",
-    torch.tanh: "tanh",
-    "relu": "relu",
-    "sigmoid": "sigmoid",
-    "tanh": "tanh",
 }
 
 
