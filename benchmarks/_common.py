@@ -41,6 +41,20 @@ def apply_run_flags(args: argparse.Namespace) -> bool:
     return tuned
 
 
+def machine_facts(malloc_tuned: bool) -> dict[str, object]:
+    """What every benchmark's JSON says about where it ran."""
+    import platform
+
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "malloc_tuned": malloc_tuned,
+    }
+
+
 def median_seconds(
     fn: Callable[[], object],
     *,

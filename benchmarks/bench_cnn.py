@@ -20,11 +20,10 @@ seconds per local step after one warm-up):
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 import torch.nn.functional as F
-from _common import add_run_flags, apply_run_flags, emit, median_seconds
+from _common import add_run_flags, apply_run_flags, emit, machine_facts, median_seconds
 from torch import nn
 
 import privdl.engine.ghost as ghost
@@ -87,10 +86,7 @@ def main() -> None:
 
     res: dict[str, object] = {
         "setting": f"cnn-mnist p=28938, {N} clients x batch {BATCH}, per-example clip {CLIP}",
-        "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "malloc_tuned": tuned,
+        **machine_facts(tuned),
     }
     res["ghost_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
     column_only = ghost._conv_grads_by_kernel_row

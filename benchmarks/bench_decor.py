@@ -28,11 +28,16 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 
 import torch
-from _common import add_run_flags, apply_run_flags, interleaved_seconds, median_seconds
+from _common import (
+    add_run_flags,
+    apply_run_flags,
+    interleaved_seconds,
+    machine_facts,
+    median_seconds,
+)
 from torch import nn
 
 from privdl.algorithms.base import StepSize
@@ -223,11 +228,8 @@ def main() -> None:
     res: dict[str, object] = {
         "setting": f"n={N} mlp {IN_DIM}-{HIDDEN}-{CLASSES} B={BATCH} C={C} per-example, "
         f"sigma_cdp={SIGMA_CDP} sigma_cor={SIGMA_COR}",
-        "cpu": platform.processor() or platform.machine(),
         "device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "malloc_tuned": malloc_tuned,
+        **machine_facts(malloc_tuned),
     }
     for spec in args.graphs.split(","):
         res[spec] = bench_topology(

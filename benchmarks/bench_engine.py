@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
-from _common import add_run_flags, apply_run_flags, interleaved_seconds
+from _common import add_run_flags, apply_run_flags, interleaved_seconds, machine_facts
 from torch import nn
 
 from privdl.algorithms.base import in_background
@@ -117,10 +116,7 @@ def main() -> None:
     results: dict[str, object] = {
         "setting": f"n={N_NODES} mlp {IN_DIM}-{HIDDEN}-{CLASSES} B={BATCH} C={C} lr={LR}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "malloc_tuned": malloc_tuned,
+        **machine_facts(malloc_tuned),
     }
 
     if args.check:

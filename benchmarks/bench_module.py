@@ -21,12 +21,11 @@ The clipped gradients of all four agree (checked here, float32 rounding); the ra
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 
 import torch
 import torch.nn.functional as F
-from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds
+from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
 from torch import nn
 
 from privdl.engine import ClipSpec, node_gradients
@@ -81,10 +80,7 @@ def main() -> None:
     med = {k: statistics.median(t) for k, t in zip(names, times, strict=True)}
     res: dict[str, object] = {
         "setting": f"MLP 784-128-10, {N} nodes x batch {BATCH}, per-example clip {CLIP}",
-        "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "malloc_tuned": tuned,
+        **machine_facts(tuned),
         "types": {k: type(m).__name__ for k, m in models.items()},
         **{f"{k}_s": v for k, v in med.items()},
         "max_rel_diff_to_builtin": agree,
