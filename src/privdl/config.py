@@ -16,7 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privdl.errors import ConfigError
 
-ALGORITHMS = ("dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr")
+#: Federated algorithms (Robust-HDP, Malekmohammadi et al., Algorithm 1, and its Table 1
+#: baselines): clients with heterogeneous budgets and a server that weights their updates.
+FEDERATED = ("robust-hdp", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg")
+ALGORITHMS = (
+    "dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr", *FEDERATED
+)  # fmt: skip
 #: PORTER variants (Li & Chi, Algorithm 1) and PrivSGP variants (Zhu et al., Algorithms 1-2).
 PORTER = ("porter-dp", "porter-gc")
 PRIVSGP = ("privsgp", "privsgp-vr")
@@ -34,8 +39,9 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     algorithm: Literal[
-        "dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr"
-    ] = "dsgd"
+        "dsgd", "ldp", "decor", "cdp", "porter-dp", "porter-gc", "privsgp", "privsgp-vr",
+        "robust-hdp", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg",
+    ] = "dsgd"  # fmt: skip
     task: Literal[
         "least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10"
     ] = "a9a"
@@ -77,6 +83,16 @@ class RunConfig(BaseModel):
     # Keyed Gaussian streams (privdl.mechanisms.prng); "auto" is resolved from ``device`` when the
     # run starts and the resolved name is saved, so a resumed run keeps its streams.
     noise_backend: Literal["auto", "aes-ziggurat", "chacha20", "torch"] = "auto"
+    # Federated runs (FEDERATED): the number of clients (a server, no graph; steps = rounds),
+    # each client's epsilon ("Dist1".."Dist9": the Robust-HDP paper's 20-client lists with its
+    # batch sizes; or a comma list, one value per client), local epochs K, clients sampled per
+    # round, and Robust-HDP's re-estimation period (None: estimate once after round 1 and
+    # freeze, as the reference code; 1: every round, the paper's Algorithm 1).
+    clients: int | None = Field(default=None, ge=1)
+    budgets: str | None = None
+    local_epochs: int = Field(default=1, ge=1)
+    clients_per_round: int | None = Field(default=None, ge=1)
+    reestimate_every: int | None = Field(default=None, ge=1)
 
     @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
     @classmethod
@@ -161,7 +177,11 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
     _refuse_ignored_options(cfg, values)
-    cfg = _resolve_family_options(cfg)
+    if cfg.algorithm in FEDERATED:
+        cfg = _resolve_federated(cfg, values)
+    else:
+        _refuse_federated_options(cfg)
+        cfg = _resolve_family_options(cfg)
     if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:
         raise ConfigError(f"delta must be in (0, 1), got {cfg.delta}")
     if cfg.epsilon is not None and not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
@@ -223,6 +243,105 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
     if porter and cfg.gamma is None:
         updates["gamma"] = DEFAULT_PORTER_GAMMA
     return cfg.model_copy(update=updates) if updates else cfg
+
+
+#: Options a federated run sets itself (a server instead of a graph, Poisson local batches).
+FEDERATED_GRAPH = "server"
+_FEDERATED_ONLY = ("clients", "budgets", "clients_per_round", "reestimate_every")
+
+
+def _refuse_federated_options(cfg: RunConfig) -> None:
+    default = {k: f.default for k, f in RunConfig.model_fields.items()}
+    used = [k for k in (*_FEDERATED_ONLY, "local_epochs") if getattr(cfg, k) != default[k]]
+    if used:
+        raise ConfigError(
+            f"{', '.join(used)} applies to the federated algorithms ({', '.join(FEDERATED)}), "
+            f"not {cfg.algorithm!r}"
+        )
+
+
+def federated_clients(cfg: RunConfig) -> tuple[int, list[float] | None, list[int]]:
+    """A federated run's clients: their number, each one's epsilon (None: non-private FedAvg)
+    and each one's expected batch size. ``budgets="DistK"`` is the Robust-HDP paper's list K
+    (20 clients, Table 12) with the paper's batch sizes; a comma list gives one epsilon per
+    client (one value: every client); ``epsilon`` alone gives every client that budget."""
+    from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
+
+    spec = (cfg.budgets or "").strip()
+    dist = {k.lower(): k for k in EPS_LISTS_20}.get(spec.lower())
+    if dist is not None:
+        n = cfg.clients or len(EPS_LISTS_20[dist])
+        if n != len(EPS_LISTS_20[dist]):
+            raise ConfigError(
+                f"budgets {dist} is the paper's list of {len(EPS_LISTS_20[dist])} clients; "
+                f"got clients={n}"
+            )
+        return n, [float(e) for e in EPS_LISTS_20[dist]], [int(b) for b in BATCH_SIZES_20]
+    eps: list[float] | None = None
+    if spec:
+        try:
+            eps = [float(v) for v in spec.split(",")]
+        except ValueError:
+            eps = []
+        if not eps or not all(math.isfinite(e) and e > 0 for e in eps):
+            raise ConfigError(
+                f"budgets {spec!r}: expected Dist1..Dist9 or a comma list of positive epsilons"
+            )
+    elif cfg.epsilon is not None:
+        eps = [float(cfg.epsilon)]
+    n = cfg.clients or (len(eps) if eps is not None and len(eps) > 1 else 20)
+    if eps is not None and len(eps) == 1:
+        eps = eps * n
+    if eps is not None and len(eps) != n:
+        raise ConfigError(f"budgets gives {len(eps)} epsilons for {n} clients")
+    return n, eps, [cfg.batch_size] * n
+
+
+def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """Check a federated run's options and fill in what it sets itself (see FEDERATED)."""
+    alg = cfg.algorithm
+    if cfg.task == "least-squares":
+        raise ConfigError(f"{alg} trains a model on a dataset: pick a supervised task")
+    default = {k: f.default for k, f in RunConfig.model_fields.items()}
+    foreign = {
+        "graph": "clients talk to a server: give --clients N",
+        "mixing": "the server weights the updates itself",
+        "sigma": "each client's noise is calibrated to its epsilon: give --epsilon or budgets",
+        "sigma_cor": "there is no correlated noise",
+        "lr_decay": "the local step size is constant (Eq. 1)",
+        "weight_decay": "Eq. 1 has none",
+        "noise_backend": "client noise comes from the run's torch generator",
+        "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",
+        "sampling": "local batches are Poisson samples (what the accountant assumes)",
+    }
+    resolved = {"graph": FEDERATED_GRAPH, "sampling": "poisson"}
+    for key, why in foreign.items():
+        given = values.get(key, default[key])
+        if given not in (default[key], resolved.get(key)):
+            raise ConfigError(f"{key} does not apply to {alg} ({why})")
+    if cfg.clip_mode == "batch_mean":
+        raise ConfigError(f"{alg} clips per sample: use clip_mode per_sample")
+    if cfg.reestimate_every is not None and alg != "robust-hdp":
+        raise ConfigError(f"reestimate_every is Robust-HDP's, not {alg}'s")
+    if cfg.budgets and cfg.epsilon is not None:
+        raise ConfigError("give either budgets (one epsilon per client) or epsilon, not both")
+    n, eps, batch_sizes = federated_clients(cfg)
+    given_b = values.get("batch_size", default["batch_size"])
+    if given_b != default["batch_size"] and batch_sizes != [cfg.batch_size] * n:
+        raise ConfigError(
+            f"budgets {cfg.budgets} comes with the paper's batch sizes: drop batch_size"
+        )
+    if alg == "fedavg":
+        if eps is not None or cfg.clip is not None:
+            raise ConfigError("fedavg is non-private: drop epsilon, budgets and clip")
+    else:
+        if eps is None:
+            raise ConfigError(f"{alg} needs each client's budget: --epsilon E or --set budgets=...")
+        if cfg.clip is None:
+            raise ConfigError(f"{alg} needs a clipping threshold (--clip C; the paper uses 3)")
+    if cfg.clients_per_round is not None and cfg.clients_per_round > n:
+        raise ConfigError(f"clients_per_round={cfg.clients_per_round} exceeds the {n} clients")
+    return cfg.model_copy(update={**resolved, "clients": n, "mixing": None})
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -18,10 +18,17 @@ import torch
 
 from privdl.algorithms.base import StepSize, consensus_distance
 from privdl.algorithms.decor import Decor
-from privdl.algorithms.dsgd import DSGD, DSGDState
+from privdl.algorithms.dsgd import DSGD
 from privdl.comm.base import Tree
 from privdl.comm.local import LocalCommunicator
-from privdl.config import DEFAULT_PORTER_GAMMA, PORTER, PRIVSGP, RunConfig, make_config
+from privdl.config import (
+    DEFAULT_PORTER_GAMMA,
+    FEDERATED,
+    PORTER,
+    PRIVSGP,
+    RunConfig,
+    make_config,
+)
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError, PrivdlError
 from privdl.records import RunRecords, write_json_atomic
@@ -58,15 +65,48 @@ class Built:
             return self.algorithm.init(params, self.oracle, seed=self.cfg.seed)
         return self.algorithm.init(params, seed=self.cfg.seed)
 
+    # the steps of the runner's loop (a federated run has the same: federated_runner)
+    def advance(self, state: Any) -> Any:
+        """One step of the algorithm."""
+        return self.algorithm.step(state, self.oracle, self.comm)[0]
 
-def build(cfg: RunConfig, *, calibrated: bool = False) -> Built:
+    def eval_row(self, state: Any, wall: float) -> dict[str, Any]:
+        """The metrics row at ``state.t``: the task's metrics, consensus, privacy spent."""
+        row: dict[str, Any] = {"step": state.t, "wall_time": round(wall, 4)}
+        row.update(self.task.evaluate(state.params))
+        row["consensus_distance"] = consensus_distance(state.params)
+        priv = self.privacy(state.t) if self.privacy is not None else None
+        if priv is not None:
+            row["privacy"] = priv
+        return row
+
+    def checkpoint(self, state: Any, *, wall: float) -> dict[str, Any]:
+        return checkpoint(state, state.params, wall=wall)
+
+    def restore(self, state: Any, ckpt: dict[str, Any]) -> Any:
+        return import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
+
+    def calibration(self) -> dict[str, Any] | None:
+        """The accounted and nominal noise levels of a calibrated run (``calibration.json``)."""
+        from privdl.privacy import calibration_record
+
+        return calibration_record(self.cfg, self.topology, self.task)
+
+
+def build(cfg: RunConfig, *, calibrated: bool = False) -> Any:
     """Compose topology, communicator, task, algorithm and accountant from ``cfg``.
 
     Unless ``calibrated`` (a resumed run's saved config), a target ``epsilon`` is turned into
-    noise levels first; the returned ``Built.cfg`` is the resolved configuration.
+    noise levels first; the returned ``Built.cfg`` is the resolved configuration. A federated
+    algorithm gives a :class:`~privdl.federated_runner.FederatedRun` (same steps).
     """
     from privdl.mechanisms.prng import resolve_backend
     from privdl.privacy import calibrate, run_accountant
+
+    if cfg.algorithm in FEDERATED:
+        from privdl.federated_runner import build_federated
+
+        return build_federated(cfg)
 
     if cfg.noise_backend == "auto":
         cfg = cfg.model_copy(update={"noise_backend": resolve_backend("auto", cfg.device)})
@@ -270,14 +310,12 @@ def train(
     ``progress=None`` shows a progress bar only when stderr is a terminal. ``stop_after`` ends
     the run early after that many steps without a summary (used to test resuming).
     """
-    from privdl.privacy import calibration_record
-
     cfg = cfg if isinstance(cfg, RunConfig) else make_config(cfg)
     built = build(cfg)
     records = RunRecords(out_dir)
     with records.exclusive():
         records.start(built.cfg.model_dump(), overwrite=overwrite)
-        write_calibration(records, calibration_record(built.cfg, built.topology, built.task))
+        write_calibration(records, built.calibration())
         state = built.init_state(built.initial_params())
         return _loop(built, records, state, progress=progress, stop_after=stop_after, t0_wall=0.0)
 
@@ -307,19 +345,9 @@ def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, An
         state = built.init_state(built.initial_params())
         wall = 0.0
         if ckpt is not None:
-            state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
+            state = built.restore(state, ckpt)
             wall = float(ckpt.get("wall_time", 0.0))
         return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
-
-
-def _eval_row(built: Built, state: DSGDState, wall: float) -> dict[str, Any]:
-    row: dict[str, Any] = {"step": state.t, "wall_time": round(wall, 4)}
-    row.update(built.task.evaluate(state.params))
-    row["consensus_distance"] = consensus_distance(state.params)
-    priv = built.privacy(state.t) if built.privacy is not None else None
-    if priv is not None:
-        row["privacy"] = priv
-    return row
 
 
 def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, Any]:
@@ -327,31 +355,33 @@ def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, 
     enabled = sys.stderr.isatty() if progress is None else progress
     have = {r.get("step") for r in records.rows()}
     start_wall = time.perf_counter() - t0_wall
-    if state.t == 0 and 0 not in have:
-        records.append(_eval_row(built, state, 0.0))
+    t = state.t
+    if t == 0 and 0 not in have:
+        records.append(built.eval_row(state, 0.0))
     last_row = None
-    with _progress(cfg.steps, state.t, enabled) as prog:
-        bar = prog.add_task(cfg.algorithm, total=cfg.steps, completed=state.t, info="")
-        while state.t < cfg.steps:
-            state, info = built.algorithm.step(state, built.oracle, built.comm)
+    with _progress(cfg.steps, t, enabled) as prog:
+        bar = prog.add_task(cfg.algorithm, total=cfg.steps, completed=t, info="")
+        while t < cfg.steps:
+            state = built.advance(state)
+            t = state.t
             prog.advance(bar)
-            if state.t % cfg.eval_every == 0 or state.t == cfg.steps:
+            if t % cfg.eval_every == 0 or t == cfg.steps:
                 wall = time.perf_counter() - start_wall
-                row = _eval_row(built, state, wall)
+                row = built.eval_row(state, wall)
                 if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
                     row["diverged"] = True
-                records.save_checkpoint(checkpoint(state, state.params, wall=wall))
-                if state.t not in have:
+                records.save_checkpoint(built.checkpoint(state, wall=wall))
+                if t not in have:
                     records.append(row)
                 last_row = row
                 prog.update(bar, info=_short(row))
                 if row.get("diverged"):
                     break
-            if stop_after is not None and state.t >= stop_after:
-                return {"stopped_at": state.t}
+            if stop_after is not None and t >= stop_after:
+                return {"stopped_at": t}
     if last_row is None:
-        last_row = _eval_row(built, state, time.perf_counter() - start_wall)
-    summary = finish_run(built, records, last_row, state.t)
+        last_row = built.eval_row(state, time.perf_counter() - start_wall)
+    summary = finish_run(built, records, last_row, t)
     refuse_diverged(summary)
     return summary
 

@@ -238,10 +238,12 @@ class SupervisedTask:
 
 
 def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
-    """The task a :class:`~privdl.config.RunConfig` asks for, on ``n_nodes`` nodes."""
+    """The task a :class:`~privdl.config.RunConfig` asks for, on its graph's nodes (or, for a
+    federated run, its ``clients``)."""
+    from privdl.config import FEDERATED
     from privdl.topology import parse_topology
 
-    n = parse_topology(cfg.graph).n
+    n = cfg.clients if cfg.algorithm in FEDERATED else parse_topology(cfg.graph).n
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.task == "least-squares":
         return LeastSquaresTask(

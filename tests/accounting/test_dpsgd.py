@@ -129,3 +129,54 @@ def test_poisson_replace_one_pld_is_weaker_than_add_remove():
     ar = dpsgd_budget(**kw).epsilon
     ro = dpsgd_budget(**kw, neighbouring="replace_one").epsilon
     assert ro > ar
+
+
+# --------------------------------------------------------------- many clients at once (federated)
+@pytest.mark.parametrize(
+    "q, z, steps",
+    [(0.00786, 0.53, 384), (64 / 2400, 1.1, 7600), (128 / 2400, 3.0, 3800), (0.01, 50.0, 1000)],
+)
+def test_vectorised_poisson_curves_equal_dp_accounting(q, z, steps):
+    """privdl's curve + dp-accounting's conversion against dp-accounting's whole accountant."""
+    from privdl.accounting.dpsgd import epsilons_from_curves, poisson_rdp_curves
+
+    ours = epsilons_from_curves(poisson_rdp_curves([q], [z]), [steps], 1e-5)[0]
+    lib = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=steps, delta=1e-5).epsilon
+    assert ours == pytest.approx(lib, rel=1e-7)
+
+
+def test_vectorised_curves_compose_linearly_and_zero_steps_spend_nothing():
+    from privdl.accounting.dpsgd import epsilons_from_curves, poisson_rdp_curves
+
+    curves = poisson_rdp_curves([0.02, 0.05], [1.0, 2.0])
+    eps = epsilons_from_curves(curves, [0, 300], 1e-5)
+    lib = dpsgd_budget(noise_multiplier=2.0, sampling_rate=0.05, steps=300, delta=1e-5).epsilon
+    assert eps[0] == 0.0 and eps[1] == pytest.approx(lib, rel=1e-7)
+
+
+def test_vectorised_calibration_against_scalar_bisection():
+    """One bisection for all clients gives what the scalar dp-accounting bisection gives, each
+    z certified (eps(z) <= target) and tight (a 0.05% smaller z exceeds the target)."""
+    from privdl.accounting.dpsgd import calibrate_noise_multipliers
+
+    targets, rates, steps = [0.5, 1.0, 4.0, 8.0], [0.01, 0.02, 0.05, 0.00786], [500, 300, 40, 384]
+    zs = calibrate_noise_multipliers(
+        target_epsilons=targets, sampling_rates=rates, steps=steps, delta=1e-5
+    )
+    for z, e, q, t in zip(zs, targets, rates, steps, strict=True):
+        scalar = calibrate_noise_multiplier(target_epsilon=e, sampling_rate=q, steps=t, delta=1e-5)
+        assert z == pytest.approx(scalar, rel=2e-4)
+        spent = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=t, delta=1e-5).epsilon
+        below = dpsgd_budget(
+            noise_multiplier=z * (1 - 5e-4), sampling_rate=q, steps=t, delta=1e-5
+        ).epsilon
+        assert spent <= e < below
+
+
+def test_vectorised_calibration_refuses_bad_input():
+    from privdl.accounting.dpsgd import calibrate_noise_multipliers
+
+    with pytest.raises(PrivacyError, match="one positive target"):
+        calibrate_noise_multipliers(
+            target_epsilons=[1.0, -1.0], sampling_rates=[0.1, 0.1], steps=[10, 10], delta=1e-5
+        )

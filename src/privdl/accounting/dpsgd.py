@@ -16,6 +16,7 @@ code uses, but composed over T steps. It is tested against dp-accounting.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -63,8 +64,16 @@ def event_epsilon(
             f"the {accountant} accountant does not support {event.sampling} sampling with "
             f"{event.neighbouring} neighbouring; see privdl.accounting.dpsgd for the table"
         )
-    acc.compose(dp_event)
-    return float(acc.get_epsilon(delta))
+    # dp-accounting logs a warning for each fractional order whose series it cannot sum and
+    # drops that order (a larger, still valid, epsilon): not worth a line per order on stderr
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        acc.compose(dp_event)
+        return float(acc.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
 
 
 def dpsgd_budget(
@@ -240,3 +249,84 @@ def classic_from_curve(orders: np.ndarray, rdp_values: np.ndarray, delta: float)
     check_delta(delta)
     orders = np.asarray(orders, dtype=float)
     return float(np.min(np.asarray(rdp_values) + math.log(1.0 / delta) / (orders - 1.0)))
+
+
+# --------------------------------------------------------------------------- many clients at once
+def poisson_rdp_curves(sampling_rates: Sequence[float], noise_multipliers: Sequence[float]):
+    """One step's RDP of the Poisson-subsampled Gaussian (add/remove) for many ``(q_i, z_i)``
+    at once, on :data:`RDP_ORDERS`: shape ``(n, len(RDP_ORDERS))``.
+
+    privdl's vectorised series (:func:`privdl.accounting.nominal.rdp_poisson_subsampled_gaussian`,
+    Mironov, Talwar & Zhang 2019) instead of dp-accounting's per-order Python loops: 20 clients
+    in one call instead of 20 accountants. ``T`` steps compose to ``T`` times the curve. Equal to
+    dp-accounting's curve to ~1e-9 relative where both series converge (tested); where ours does
+    not converge at a fractional order it gives ``inf`` there (that order is dropped: a larger,
+    still valid, epsilon).
+    """
+    from privdl.accounting.nominal import rdp_poisson_subsampled_gaussian
+
+    return rdp_poisson_subsampled_gaussian(
+        np.asarray(sampling_rates, float), np.asarray(noise_multipliers, float), RDP_ORDERS
+    )
+
+
+def epsilons_from_curves(curves: np.ndarray, steps: Sequence[int] | np.ndarray, delta: float):
+    """``eps_i`` after ``steps[i]`` steps of curve ``i``, by dp-accounting's RDP-to-DP
+    conversion (``compute_epsilon``: Canonne, Kamath & Steinke 2020, Prop. 12); 0 for 0 steps."""
+    check_delta(delta)
+    t = np.asarray(steps, float)
+    out = np.zeros(len(curves))
+    for i, (curve, steps_i) in enumerate(zip(curves, t, strict=True)):  # ~20 clients, ~100 orders
+        if steps_i > 0:
+            out[i] = rdp.rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, steps_i * curve, delta)[
+                0
+            ]
+    return out
+
+
+def calibrate_noise_multipliers(
+    *,
+    target_epsilons: Sequence[float],
+    sampling_rates: Sequence[float],
+    steps: Sequence[int],
+    delta: float,
+    rtol: float = 1e-4,
+) -> np.ndarray:
+    """Per-client smallest ``z_i`` (to relative ``rtol``) whose epsilon after ``steps[i]``
+    Poisson-subsampled Gaussian steps (add/remove) is at most ``target_epsilons[i]``.
+
+    One bisection on ``log z`` for all clients at once over :func:`poisson_rdp_curves`; each
+    result is then certified by dp-accounting's own RdpAccountant (and raised by ``rtol`` until
+    it is), so the returned ``z_i`` never exceed their targets by dp-accounting's count.
+    """
+    eps_t = np.asarray(target_epsilons, float)
+    q = np.asarray(sampling_rates, float)
+    t = np.asarray(steps, int)
+    if not (len(eps_t) == len(q) == len(t)) or np.any(~(eps_t > 0)) or np.any(t < 1):
+        raise PrivacyError("need one positive target epsilon and step count per client")
+
+    def eps(z: np.ndarray) -> np.ndarray:
+        return epsilons_from_curves(poisson_rdp_curves(q, z), t, delta)
+
+    lo, hi = np.full(len(q), 0.25), np.ones(len(q))
+    while np.any(high := eps(hi) > eps_t):
+        lo, hi = np.where(high, hi, lo), np.where(high, hi * 4.0, hi)
+        if np.any(hi > 1e7):
+            raise PrivacyError("no noise multiplier below 1e7 reaches the target epsilon")
+    while np.any(low := (lo > 1e-3) & (eps(lo) <= eps_t)):
+        lo, hi = np.where(low, lo / 4.0, lo), np.where(low, lo, hi)
+    while np.any(hi / lo - 1.0 > rtol):
+        mid = np.sqrt(lo * hi)
+        ok = eps(mid) <= eps_t
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    for i in range(len(q)):  # certify with the library (one accountant per client)
+        while event_epsilon(_poisson_event(hi[i], q[i], t[i]), delta=delta) > eps_t[i]:
+            hi[i] *= 1.0 + rtol
+    return hi
+
+
+def _poisson_event(z: float, q: float, steps: int) -> SubsampledGaussianEvent:
+    return SubsampledGaussianEvent(
+        noise_multiplier=float(z), sampling_rate=float(q), steps=int(steps), sampling="poisson",
+        neighbouring="add_remove",
+    )  # fmt: skip

@@ -24,7 +24,7 @@ import click
 from privdl.cli.run import _FLAGS, _parse_set
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
-from privdl.config import load_config_file, make_config
+from privdl.config import FEDERATED, load_config_file, make_config
 from privdl.errors import ConfigError, PrivdlError
 
 _OWN = (
@@ -172,6 +172,11 @@ def _launch(
         cfg = make_config(values)
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
+    if cfg.algorithm in FEDERATED:
+        raise ConfigError(
+            f"privdl launch runs the decentralized algorithms; {cfg.algorithm} runs in one "
+            "process with 'privdl run', or sharded from Python (docs/distributed.md)"
+        )
     job["out"] = str(out_dir)
     job["progress"] = progress
     if _in_torchrun():

@@ -40,6 +40,10 @@ _FLAGS = {
     "gamma": "gamma",
     "block_size": "block_size",
     "noise_backend": "noise_backend",
+    "clients": "clients",
+    "budgets": "budgets",
+    "local_epochs": "local_epochs",
+    "clients_per_round": "clients_per_round",
 }
 
 
@@ -107,6 +111,14 @@ def _parse_set(items: tuple[str, ...]) -> dict:
     help="Keyed Gaussian streams: auto (aes-ziggurat on CPU, chacha20 on CUDA), aes-ziggurat, "
     "chacha20 or torch (docs/secrets.md).",
 )
+@click.option("--clients", type=int, help="Federated: number of clients (default 20).")
+@click.option(
+    "--budgets",
+    help="Federated: each client's epsilon, Dist1..Dist9 (the Robust-HDP paper's lists) or a "
+    "comma list (one value: every client).",
+)
+@click.option("--local-epochs", type=int, help="Federated: local epochs K per round (default 1).")
+@click.option("--clients-per-round", type=int, help="Federated: clients sampled per round.")
 @click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
 @click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
 @click.option(
@@ -122,7 +134,9 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     """Train ALGORITHM and record metrics and privacy spent.
 
     ALGORITHM: dsgd, ldp, cdp, decor (DECOR), porter-dp, porter-gc (PORTER), privsgp,
-    privsgp-vr (PrivSGP-VR; also on expo:N with push-sum).
+    privsgp-vr (PrivSGP-VR; also on expo:N with push-sum); federated, with a server and
+    --clients instead of a graph (steps are rounds): robust-hdp (Robust-HDP), weiavg, pfa,
+    dpfedavg, mineps, fedavg.
     """
     from privdl.runner import resume, train
 
@@ -195,7 +209,17 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         " ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
     )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
+    if final.get("client_epsilons"):
+        eps = final["client_epsilons"]
+        click.echo(f"clients' epsilons: {', '.join(f'{e:.4g}' for e in eps)}")
     cal = summary.get("calibration") or {}
+    if cal.get("clients"):
+        z = [c["noise_multiplier"] for c in cal["clients"]]
+        ref = [c["noise_multiplier_nominal"] for c in cal["clients"]]
+        click.echo(
+            f"noise multipliers z_i (rdp): {min(z):.4g}..{max(z):.4g} "
+            f"(the Robust-HDP code's, NOMINAL: {min(ref):.4g}..{max(ref):.4g})"
+        )
     for key, entry in cal.items():
         if isinstance(entry, dict) and "sigma" in entry:
             tag = "NOMINAL, " if entry.get("nominal") else ""
