@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -117,3 +118,31 @@ def test_cuda_matches_cpu() -> None:
     cpu = principal_component_pursuit(L0 + S0)
     gpu = principal_component_pursuit((L0 + S0).cuda())
     torch.testing.assert_close(gpu.low_rank.cpu(), cpu.low_rank, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype", [((30, 7), torch.float64), ((7, 30), torch.float64), ((40, 40), torch.float64),
+                     ((2000, 12), torch.float32), ((500, 20), torch.float64)],
+)  # fmt: skip
+def test_svt_gram_path_equals_numpy_svd(shape, dtype) -> None:
+    """Tall/wide matrices take the Gram form, square ones the SVD: both equal numpy's SVD
+    thresholding, with singular values spread over three decades (1.5 .. 1000, tau = 1)."""
+    g = torch.Generator().manual_seed(1)
+    n1, n2 = shape
+    k = min(n1, n2)
+    u, _ = torch.linalg.qr(torch.randn(n1, k, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n2, k, generator=g, dtype=torch.float64))
+    s = torch.logspace(3, math.log10(0.5), k, dtype=torch.float64)  # some below tau
+    x = ((u * s) @ v.T).to(dtype)
+    uu, ss, vt = np.linalg.svd(x.double().numpy(), full_matrices=False)
+    want = (uu * np.maximum(ss - 1.0, 0)) @ vt
+    got = svt(x, 1.0)
+    assert got.dtype == dtype
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    np.testing.assert_allclose(got.double().numpy(), want, atol=tol * np.abs(want).max())
+
+
+def test_shrink_is_bitwise_the_sign_form() -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for tau in (0.0, 0.3, torch.tensor(0.7, dtype=torch.float64)):
+        assert torch.equal(shrink(x, tau), torch.sign(x) * torch.clamp(x.abs() - tau, min=0.0))

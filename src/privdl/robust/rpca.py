@@ -53,18 +53,47 @@ class PCPResult:
 
 
 def shrink(x: Tensor, tau: float | Tensor) -> Tensor:
-    """Entrywise soft threshold ``sgn(x) max(|x| - tau, 0)`` (Algorithm 3, S-update)."""
-    return torch.sign(x) * torch.clamp(x.abs() - tau, min=0.0)
+    """Entrywise soft threshold ``sgn(x) max(|x| - tau, 0)`` (Algorithm 3, S-update), computed
+    as ``x - clamp(x, -tau, tau)``: the same values bit for bit, in two passes instead of four."""
+    return x - torch.clamp(x, -tau, tau)
+
+
+#: Largest short side for which :func:`svt` thresholds through the Gram matrix.
+GRAM_MAX_SIDE = 128
 
 
 def svt(x: Tensor, tau: float | Tensor) -> Tensor:
-    """Singular value threshold ``U shrink_tau(Sigma) V^T`` with a thin SVD (Algorithm 3)."""
-    u, s, vh = torch.linalg.svd(x, full_matrices=False)
-    s = torch.clamp(s - tau, min=0.0)
-    r = int((s > 0).sum().item())
-    if r == 0:
+    """Singular value threshold ``U shrink_tau(Sigma) V^T`` (Algorithm 3, L-update).
+
+    A thin SVD, except for a tall-and-narrow (or short-and-wide) matrix, Robust-HDP's ``p x n``
+    update matrix with n clients <= :data:`GRAM_MAX_SIDE`: there, with ``x = U S V^T``,
+    ``U shrink(S) V^T = x V diag(shrink(s)/s) V^T``, and ``V``, ``s`` come from the
+    eigendecomposition of the ``n x n`` Gram matrix ``x^T x`` (in float64): two thin products
+    instead of a LAPACK SVD of the tall matrix (101,770 x 20: 5 ms against 46 ms on one CPU
+    thread). Singular values below ``tau`` are dropped either way; those kept have relative error
+    ~ 1e-16 (s_max / s)^2 in float64 (tested against the SVD form).
+    """
+    n1, n2 = x.shape
+    short = min(n1, n2)
+    if short > GRAM_MAX_SIDE or max(n1, n2) < 4 * short:
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        s = torch.clamp(s - tau, min=0.0)
+        r = int((s > 0).sum().item())
+        if r == 0:
+            return torch.zeros_like(x)
+        return (u[:, :r] * s[:r]) @ vh[:r]
+    tall = n1 >= n2
+    x64 = x.double()
+    gram = x64.T @ x64 if tall else x64 @ x64.T
+    evals, v = torch.linalg.eigh(gram)
+    s = evals.clamp_min(0.0).sqrt()
+    keep = s > tau
+    if not bool(keep.any()):
         return torch.zeros_like(x)
-    return (u[:, :r] * s[:r]) @ vh[:r]
+    v, s = v[:, keep], s[keep]
+    proj = (v * ((s - tau) / s)) @ v.T  # V diag(shrink(s)/s) V^T, n x n
+    out = x64 @ proj if tall else proj @ x64
+    return out.to(x.dtype)
 
 
 def principal_component_pursuit(
@@ -146,17 +175,18 @@ def principal_component_pursuit(
     iterations = 0
     for it in range(1, max_iter + 1):
         iterations = it
-        L = svt(M - S + Y / mu_k, 1.0 / mu_k)
+        A = torch.add(M, Y, alpha=1.0 / mu_k)  # M + Y/mu_k, shared by both updates
+        L = svt(A - S, 1.0 / mu_k)
         S_prev = S
-        S = shrink(M - L + Y / mu_k, lam / mu_k)
-        Z = M - L - S
+        S = shrink(A.sub_(L), lam / mu_k)  # A is not needed again
+        Z = torch.sub(M, L).sub_(S)
         res = torch.linalg.matrix_norm(Z).item()
         if res <= threshold and (
             dual_tol is None or mu_k * torch.linalg.matrix_norm(S - S_prev).item() <= dual_threshold
         ):
             converged = True
             break
-        Y = Y + mu_k * Z
+        Y.add_(Z, alpha=mu_k)  # Y is the loop's own tensor (made above, never M)
         mu_k = min(mu_k * rho_, mu_max)
     if not converged:
         warnings.warn(
