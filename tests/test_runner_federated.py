@@ -111,6 +111,9 @@ def test_weiavg_run_records_every_clients_budget(tmp_path):
     # WeiAvg's weights are proportional to the reported epsilons (Table 1)
     assert final["weights"] == pytest.approx(np.array(BUDGETS) / sum(BUDGETS), abs=1e-6)
     assert summary["topology"] == {"kind": "server", "clients": 4, "clients_per_round": 4}
+    from privdl.report import privacy_text
+
+    assert privacy_text(priv).startswith(f"eps={priv['epsilon']:.3g} (largest client) (delta=")
     assert 0.6 < final["accuracy"] <= 1.0
 
 
@@ -136,6 +139,8 @@ def test_cli_fedavg_and_refusals(tmp_path, capsys):
     argv = ["run", "fedavg", "--task", "a9a", "--clients", "3", "--batch-size", "512"]
     assert main([*argv, "--steps", "1", "--no-progress", "--out", str(out)]) == 0
     assert "privacy: non-private" in capsys.readouterr().out
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    assert "| fedavg / 3 clients | 1 |" in (tmp_path / "rep" / "report.md").read_text()
     assert json.loads((out / "config.json").read_text())["graph"] == FEDERATED_GRAPH
     bad = ["run", "robust-hdp", "--graph", "ring:4", "--epsilon", "1", "--clip", "1"]
     assert main([*bad, "--out", str(tmp_path / "x")]) == 2

@@ -32,6 +32,10 @@ def run_label(cfg: dict[str, Any]) -> str:
     if cfg.get("label"):
         return str(cfg["label"])
     graph = "complete (W=J)" if cfg.get("algorithm") == "cdp" else cfg.get("graph", "?")
+    if graph == "server":  # a federated run
+        graph = f"{cfg.get('clients', '?')} clients" + (
+            f", budgets {cfg['budgets']}" if cfg.get("budgets") else ""
+        )
     return f"{cfg.get('algorithm', '?')} / {graph}"
 
 
@@ -41,6 +45,8 @@ def privacy_text(priv: dict[str, Any] | None) -> str:
         return "non-private"
     eps = priv.get("epsilon")
     eps_s = f"{eps:.3g}" if isinstance(eps, float) else str(eps)
+    if str(priv.get("notes", "")).startswith("largest of the"):  # federated: per client
+        eps_s = f"{eps_s} (largest client)"
     tag = " NOMINAL" if priv.get("nominal") else ""
     return (
         f"eps={eps_s}{tag} (delta={priv.get('delta')}, {priv.get('accountant')}, "
