@@ -319,3 +319,17 @@ def test_ill_conditioned_isolated_vertex_never_exceeds_ldp_level():
     exact = step(graph, 0.2, 15.5, "collusion:1").step_rdp
     assert exact <= 2 / 0.2**2
     assert exact == pytest.approx(2 / 0.2**2, rel=1e-7)
+
+
+def test_collusion_levels_zero_and_one_are_the_named_threat_models():
+    """One label per meaning: q = 0 colluders is the eavesdropper, q = 1 the curious user, and
+    the accounting is the same as under those names."""
+    from privdl.accounting.secrdp import parse_adversary
+
+    assert parse_adversary("collusion:0") == parse_adversary("eavesdropper")
+    assert parse_adversary(1) == parse_adversary("curious")
+    assert parse_adversary("collusion:2").label == "collusion:2"
+    graph = random_connected(6, 0.6, 1)
+    for q, name in ((0, "eavesdropper"), (1, "curious")):
+        a, b = step(graph, 1.0, 5.0, f"collusion:{q}"), step(graph, 1.0, 5.0, name)
+        assert (a.step_rdp, a.adversary) == (b.step_rdp, name)

@@ -68,7 +68,8 @@ class Adversary:
 
 
 def parse_adversary(spec: str | int | Adversary) -> Adversary:
-    """Parse ``eavesdropper`` (q = 0), ``curious`` (q = 1), ``collusion:Q`` or ``ldp``."""
+    """Parse ``eavesdropper`` (q = 0), ``curious`` (q = 1), ``collusion:Q`` or ``ldp``;
+    ``collusion:0`` and ``collusion:1`` are the eavesdropper and the curious user, labelled so."""
     if isinstance(spec, Adversary):
         return spec
     if isinstance(spec, int) and not isinstance(spec, bool):
@@ -87,6 +88,8 @@ def parse_adversary(spec: str | int | Adversary) -> Adversary:
             raise PrivacyError(f"collusion level must be an integer: {spec!r}") from None
         if q < 0:
             raise PrivacyError(f"collusion level q must be >= 0, got {q}")
+        if q <= 1:  # the same threat models under their own names (one label per meaning)
+            return parse_adversary("eavesdropper" if q == 0 else "curious")
         return Adversary("collusion", q)
     raise PrivacyError(f"unknown adversary {spec!r}; use eavesdropper, curious, collusion:Q or ldp")
 
