@@ -20,7 +20,7 @@ from privdl.models.module import load_module
 F64 = torch.float64
 
 
-class GroupNormNet(nn.Module):  # a conv net with a layer the ghost path does not cover
+class GroupNormNet(nn.Module):  # a conv net with GroupNorm and functional calls
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(2, 4, 3, padding=1)
@@ -218,15 +218,48 @@ def _assert_ghost_equals_vmap(fast, slow, *, nodes, batch, threshold, seed):
     "module",
     [
         nn.Sequential(nn.Conv2d(1, 2, 3, dilation=2), nn.Flatten(), nn.Linear(8, 3)),
-        nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(32, 3)),
-        nn.Sequential(nn.AvgPool2d(2), nn.Flatten(), nn.Linear(9, 3)),
-        GroupNormNet(),
+        nn.Sequential(nn.AvgPool2d(2, stride=1), nn.Flatten(), nn.Linear(25, 3)),
+        nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(4, 3)),
+        nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm([2, 4, 4]), nn.Flatten(), nn.Linear(32, 3)),
     ],
 )
 def test_other_modules_keep_the_generic_vmap_path(module):
-    in_shape = (2, 5, 5) if isinstance(module, GroupNormNet) else (1, 6, 6)
-    model = from_module(module, in_shape=in_shape)
+    model = from_module(module, in_shape=(1, 6, 6))
     assert type(model) is ModuleModel and not supports_ghost(model)
+
+
+def _gn_cnn() -> nn.Module:  # GroupNorm, average pooling (both kinds), as Opacus asks for
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), nn.AvgPool2d(2),
+        nn.Conv2d(4, 6, 3, padding=1), nn.GroupNorm(3, 6, affine=False), nn.Tanh(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5), nn.GroupNorm(1, 5),
+        nn.Linear(5, 3),
+    )  # fmt: skip
+
+
+def test_groupnorm_and_average_pooling_take_the_ghost_path_and_agree_with_vmap():
+    fast = from_module(_gn_cnn(), in_shape=(1, 6, 6))
+    slow = ModuleModel(_gn_cnn(), in_shape=(1, 6, 6))
+    assert isinstance(fast, SequentialModuleModel) and supports_ghost(fast)
+    assert "1.weight" in fast.param_shapes() and "5.weight" not in fast.param_shapes()
+    _assert_ghost_equals_vmap(fast, slow, nodes=3, batch=5, threshold=0.2, seed=13)
+
+
+def test_a_traced_groupnorm_net_equals_the_per_sample_loop():
+    """GroupNormNet's forward traces to a chain; its ghost gradients against one module per
+    node and one sample at a time (an oracle that shares no code with either path)."""
+    gen = torch.Generator().manual_seed(3)
+    fast = from_module(GroupNormNet(), in_shape=(2, 5, 5))
+    assert isinstance(fast, SequentialModuleModel) and supports_ghost(fast)
+    params = _stacked(fast.source, 3, gen)
+    x = torch.randn(3, 4, 2, 5, 5, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (3, 4), generator=gen)
+    clip = ClipSpec("per_sample", threshold=6.0)  # some samples clipped, some not
+    res = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    ref = _loop_oracle(GroupNormNet(), params, x, y, 6.0)
+    for k in ref:
+        torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12)
+    assert (res.per_sample_norms > 6.0).any() and (res.per_sample_norms < 6.0).any()
 
 
 def test_a_sequential_factory_starts_where_the_generic_path_would(user_dir):

@@ -21,8 +21,10 @@ from typing import Any
 from privdl.errors import ConfigError
 from privdl.models.base import (
     Activation,
+    AvgPool2d,
     Conv2d,
     Flatten,
+    GroupNorm,
     Layer,
     Linear,
     MaxPool2d,
@@ -41,8 +43,10 @@ from privdl.models.resnet import StackedResNet
 __all__ = [
     "MODEL_NAMES",
     "Activation",
+    "AvgPool2d",
     "Conv2d",
     "Flatten",
+    "GroupNorm",
     "Layer",
     "Linear",
     "MaxPool2d",

@@ -234,6 +234,74 @@ class MaxPool2d(Layer):
         return z.reshape(n, b, *z.shape[1:])
 
 
+class AvgPool2d(Layer):
+    """``kernel_size`` x ``kernel_size`` average pooling with stride ``kernel_size``;
+    ``kernel_size=None`` averages the whole map (``AdaptiveAvgPool2d(1)``: ``(C, 1, 1)``)."""
+
+    def __init__(self, kernel_size: int | None) -> None:
+        self.kernel_size = kernel_size
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        if self.kernel_size is None:
+            return (c, 1, 1)
+        return (c, h // self.kernel_size, w // self.kernel_size)
+
+    def forward(self, params, a):
+        if self.kernel_size is None:
+            return a.mean(dim=(-2, -1), keepdim=True)
+        n, b = a.shape[:2]
+        z = F.avg_pool2d(a.reshape(n * b, *a.shape[2:]), self.kernel_size)
+        return z.reshape(n, b, *z.shape[1:])
+
+
+class GroupNorm(Layer):
+    """Group normalisation of each sample (statistics over its own channel groups and positions,
+    so per-sample clipping stays per sample), then the per-channel affine map ``x_hat * weight +
+    bias`` (``torch.nn.GroupNorm``; weight 1 and bias 0 at init)."""
+
+    def __init__(
+        self, num_groups: int, num_channels: int, *, eps: float = 1e-5, affine: bool = True
+    ) -> None:
+        if num_channels % num_groups:
+            raise ConfigError(f"GroupNorm: {num_channels} channels in {num_groups} groups")
+        self.num_groups, self.num_channels, self.eps, self.affine = (
+            num_groups,
+            num_channels,
+            eps,
+            affine,
+        )
+
+    def param_shapes(self) -> ParamShapes:
+        if not self.affine:
+            return {}
+        return {"weight": (self.num_channels,), "bias": (self.num_channels,)}
+
+    def init(self, generator, dtype, device):
+        if not self.affine:
+            return {}
+        c = self.num_channels
+        return {
+            "weight": torch.ones(c, dtype=dtype, device=device),
+            "bias": torch.zeros(c, dtype=dtype, device=device),
+        }
+
+    def normalize(self, a: Tensor) -> Tensor:
+        """``x_hat``: ``a (n, B, C, ...)`` normalised per sample and group, before the affine map."""
+        n, b = a.shape[:2]
+        flat = a.reshape(n * b, *a.shape[2:])
+        return F.group_norm(flat, self.num_groups, eps=self.eps).reshape(a.shape)
+
+    def affine_map(self, params: dict[str, Tensor], xhat: Tensor) -> Tensor:
+        if not self.affine:
+            return xhat
+        shape = (xhat.shape[0], 1, self.num_channels) + (1,) * (xhat.dim() - 3)
+        return torch.addcmul(params["bias"].reshape(shape), xhat, params["weight"].reshape(shape))
+
+    def forward(self, params, a):
+        return self.affine_map(params, self.normalize(a))
+
+
 class Flatten(Layer):
     """Flatten each sample (C, H, W) to C*H*W, in torch's ``nn.Flatten`` order."""
 
