@@ -32,7 +32,12 @@ import numpy as np
 import torch
 
 from privdl.algorithms.aggregators import build_aggregator
-from privdl.algorithms.federated import FederatedConfig, FederatedDPSGD, FederatedState
+from privdl.algorithms.federated import (
+    FederatedConfig,
+    FederatedDPSGD,
+    FederatedState,
+    server_budget,
+)
 from privdl.comm.base import Tree
 from privdl.config import RunConfig, federated_clients
 from privdl.errors import ConfigError
@@ -91,7 +96,7 @@ class FederatedRun:
         if budgets:
             eps = [b["accounted"]["epsilon"] if b["accounted"] else 0.0 for b in budgets]
             worst = int(np.argmax(eps))
-            spent = budgets[worst]["accounted"] or self._unspent()
+            spent = budgets[worst]["accounted"] or server_budget(0.0, self.trainer.config.delta)
             notes = f"largest of the {len(eps)} clients' epsilons (client {worst})"
             row["privacy"] = {**spent, "notes": "; ".join(filter(None, (notes, spent["notes"])))}
             row["client_epsilons"] = [round(e, 6) for e in eps]
@@ -125,18 +130,6 @@ class FederatedRun:
         )
 
     # -- records -----------------------------------------------------------------------------
-    def _unspent(self) -> dict[str, Any]:
-        from privdl.accounting.budget import PrivacyBudget
-
-        return PrivacyBudget(
-            epsilon=0.0,
-            delta=self.trainer.config.delta,
-            accountant="rdp",
-            neighbouring="add_remove",
-            unit="example",
-            threat_model="server",
-        ).to_dict()
-
     def calibration(self) -> dict[str, Any] | None:
         """Every client's target, batch size, local steps and ``z_i``, with the reference
         code's ``z_i`` for the same target beside it (nominal) and the epsilon our ``z_i``

@@ -211,6 +211,23 @@ def _noise_multiplier(
     )
 
 
+def server_budget(
+    epsilon: float, delta: float, *, accountant: str = "rdp", nominal: bool = False, notes: str = ""
+) -> dict[str, Any]:
+    """A client's labelled (eps, delta): example-level, add/remove (Poisson sampling), against
+    the server that sees its updates (Robust-HDP's threat model)."""
+    return PrivacyBudget(
+        epsilon=epsilon,
+        delta=delta,
+        accountant=accountant,
+        neighbouring="add_remove",
+        unit="example",
+        threat_model="server",
+        nominal=nominal,
+        notes=notes,
+    ).to_dict()
+
+
 class FederatedDPSGD:
     """Heterogeneous DP federated training (Robust-HDP Algorithm 1 and its baselines)."""
 
@@ -332,31 +349,24 @@ class FederatedDPSGD:
             z, q = float(self.noise_multipliers[i]), self.batch_sizes[i] / self.num_samples[i]
             steps = int(spent_steps[i])
             accounted = (
-                PrivacyBudget(
-                    epsilon=float(eps[i]),
-                    delta=cfg.delta,
-                    accountant="rdp",
-                    neighbouring="add_remove",
-                    unit="example",
-                    threat_model="server",
+                server_budget(
+                    float(eps[i]),
+                    cfg.delta,
                     notes=f"poisson sampling q={q:.6g}, z={z:.6g}, T={steps}; RDP curve by "
                     "privdl's series (dp-accounting's to 1e-9), dp-accounting's conversion",
-                ).to_dict()
+                )
                 if steps > 0
                 else None
             )
             target = None
             if cfg.calibration == "reference":
-                target = PrivacyBudget(
-                    epsilon=float(self.noise_epsilons[i]),
-                    delta=cfg.delta,
+                target = server_budget(
+                    float(self.noise_epsilons[i]),
+                    cfg.delta,
                     accountant="nominal:robust-hdp-code",
-                    neighbouring="add_remove",
-                    unit="example",
-                    threat_model="server",
                     nominal=True,
                     notes=f"z={z} from the reference accountant, T=K E N/b, rounded",
-                ).to_dict()
+                )
             out.append(
                 {
                     "client": i,
