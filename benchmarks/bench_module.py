@@ -52,12 +52,12 @@ class MLP(nn.Module):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--net", choices=("mlp", "gn-cnn"), default="mlp")
+    ap.add_argument("--net", choices=("mlp", "gn-cnn", "resnet-gn"), default="mlp")
     add_run_flags(ap)
     args = ap.parse_args()
     tuned = apply_run_flags(args)
-    if args.net == "gn-cnn":
-        gn_cnn(args, tuned)
+    if args.net != "mlp":
+        module_vs_generic(args, tuned)
         return
     seq = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     models = {
@@ -109,17 +109,48 @@ def _gn_cnn() -> nn.Module:
     )  # fmt: skip
 
 
-def gn_cnn(args: argparse.Namespace, tuned: dict) -> None:
-    """The ``--net gn-cnn`` setting: converted (ghost) against generic (vmap)."""
+class Block(nn.Module):
+    """torchvision's BasicBlock with GroupNorm; a 1x1 strided downsample when the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.gn1, self.relu = nn.GroupNorm(4, cout), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(4, cout)
+        self.down = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.GroupNorm(4, cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.gn2(self.conv2(self.relu(self.gn1(self.conv1(x)))))
+        out += self.down(x)
+        return self.relu(out)
+
+
+def _resnet_gn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.GroupNorm(4, 16), nn.ReLU(),
+        Block(16, 16, 1), Block(16, 32, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(32, 10),
+    )  # fmt: skip
+
+
+def module_vs_generic(args: argparse.Namespace, tuned: dict) -> None:
+    """``--net gn-cnn`` / ``--net resnet-gn``: converted against generic (vmap)."""
     torch.manual_seed(0)
-    net = _gn_cnn()
+    net, in_shape = (
+        (_gn_cnn(), (1, 28, 28)) if args.net == "gn-cnn" else (_resnet_gn(), (3, 16, 16))
+    )
     models = {
-        "converted": from_module(net, in_shape=(1, 28, 28)),
-        "generic": ModuleModel(net, in_shape=(1, 28, 28)),
+        "converted": from_module(net, in_shape=in_shape),
+        "generic": ModuleModel(net, in_shape=in_shape),
     }
     gen = torch.Generator().manual_seed(0)
     params = models["generic"].init(n_nodes=N, generator=gen)
-    x = torch.randn(N, BATCH, 1, 28, 28, generator=gen)
+    x = torch.randn(N, BATCH, *in_shape, generator=gen)
     y = torch.randint(0, 10, (N, BATCH), generator=gen)
     clip = ClipSpec("per_sample", CLIP)
 
@@ -141,7 +172,8 @@ def gn_cnn(args: argparse.Namespace, tuned: dict) -> None:
     med = {k: statistics.median(t) for k, t in zip(names, times, strict=True)}
     emit(
         {
-            "setting": f"GroupNorm CNN (1x28x28, p={models['generic'].num_parameters()}), "
+            "setting": f"{args.net} ({'x'.join(map(str, in_shape))}, "
+            f"p={models['generic'].num_parameters()}), "
             f"{N} nodes x batch {BATCH}, per-example clip {CLIP}",
             **machine_facts(tuned),
             "types": {k: type(m).__name__ for k, m in models.items()},

@@ -326,7 +326,94 @@ def test_a_forward_that_traces_to_a_chain_takes_the_ghost_path():
     _assert_ghost_equals_vmap(fast, slow, nodes=2, batch=4, threshold=0.1, seed=2)
 
 
-@pytest.mark.parametrize("cls", [Residual, Twice, ViewNet])
+class InPlaceShared(nn.Module):  # h.add_(...) mutates a tensor that fc2 reads afterwards
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h.add_(torch.relu(h))
+        return self.fc2(h)
+
+
+class DeadBranch(nn.Module):  # fc_unused's output is computed and dropped
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc_unused = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        self.fc_unused(x)
+        return self.fc(x)
+
+
+class Block(nn.Module):  # torchvision's BasicBlock layout, GroupNorm in place of BatchNorm
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(4, 6, 3, stride=2, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(2, 6)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(3, 6)
+        self.down = nn.Sequential(nn.Conv2d(4, 6, 1, stride=2, bias=False), nn.GroupNorm(1, 6))
+        self.pool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        identity = self.down(x)
+        out = self.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        out += identity
+        out = self.relu(out)
+        return self.fc(torch.flatten(self.pool(out), 1))
+
+
+def test_a_residual_block_takes_the_ghost_path_and_equals_the_per_sample_loop():
+    """A traced graph with a residual sum, a strided 1x1 downsample, GroupNorm and in-place
+    ReLU: ghost gradients against one module per node and one sample at a time."""
+    from privdl.models.module import GraphModuleModel
+
+    fast = from_module(Block(), in_shape=(1, 6, 6))
+    assert isinstance(fast, GraphModuleModel) and supports_ghost(fast)
+    assert list(fast.param_shapes()) == list(
+        ModuleModel(Block(), in_shape=(1, 6, 6)).param_shapes()
+    )
+    gen = torch.Generator().manual_seed(7)
+    params = _stacked(fast.source, 2, gen)
+    x = torch.randn(2, 5, 1, 6, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (2, 5), generator=gen)
+    with torch.no_grad():
+        net = Block().to(F64)
+        net.load_state_dict({k: v[1] for k, v in params.items()})
+        torch.testing.assert_close(fast.forward(params, x)[1], net(x[1]))
+    clip = ClipSpec("per_sample", threshold=2.2)  # some samples clipped, some not
+    res = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    ref = _loop_oracle(Block(), params, x, y, 2.2)
+    for k in ref:
+        torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12)
+    assert (res.per_sample_norms > 2.2).any() and (res.per_sample_norms < 2.2).any()
+
+
+def test_a_residual_mlp_takes_the_ghost_path_and_agrees_with_vmap():
+    from privdl.models.module import GraphModuleModel
+
+    fast = from_module(Residual(), in_shape=(6,))
+    assert isinstance(fast, GraphModuleModel)
+    slow = ModuleModel(Residual(), in_shape=(6,))
+    gen = torch.Generator().manual_seed(4)
+    params = _stacked(slow, 3, gen)
+    x = torch.randn(3, 5, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (3, 5), generator=gen)
+    clip = ClipSpec("per_sample", threshold=0.5)
+    a = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    b = node_gradients(slow, params, x, y, loss="cross_entropy", clip=clip)
+    for k in b.grads:
+        torch.testing.assert_close(a.grads[k], b.grads[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [Twice, ViewNet, InPlaceShared, DeadBranch])
 def test_forwards_that_are_not_plain_chains_keep_the_vmap_path(cls):
     model = from_module(cls(), in_shape=(6,))
     assert type(model) is ModuleModel

@@ -30,7 +30,6 @@ from privdl.models.base import (
     GroupNorm,
     Linear,
     MaxPool2d,
-    SequentialModel,
     StackedModel,
 )
 
@@ -112,19 +111,25 @@ def _direct_is_cheaper(out_channels: int, patch_rows: int, positions: int) -> bo
 
 
 def supports_ghost(model: StackedModel) -> bool:
-    """True when every layer acts on each sample separately and is one we can ghost-clip."""
-    return isinstance(model, SequentialModel) and all(
-        type(layer) in _SAMPLEWISE for _, layer in model.layers
+    """True when the model runs its layers through ``forward_with`` and lists them with
+    ``layer_inputs`` (:class:`SequentialModel`, and the graph of a traced module with residual
+    sums, ``privdl.models.module.GraphModuleModel``; each parameterised layer runs once), and
+    every layer acts on each sample separately and is one we can ghost-clip."""
+    listed = getattr(model, "layer_inputs", None)
+    return (
+        callable(listed)
+        and callable(getattr(model, "forward_with", None))
+        and all(type(layer) in _SAMPLEWISE for _, layer, _ in listed())
     )
 
 
-def patch_elements(model: SequentialModel) -> int:
+def patch_elements(model: StackedModel) -> int:
     """Per-sample size of the conv patches the ghost path forms (``conv_mode="auto"``): sum over
     Conv2d layers of ``C k Hp W'`` for a stride-1 layer in the direct form (column-only
     unfolding, :func:`per_sample_conv_weight_grads`) and ``C k^2 L`` otherwise (``L = H' W'``
     output positions, ``Hp`` the padded input height)."""
-    total, shape = 0, tuple(model.in_shape)
-    for _, layer in model.layers:
+    total = 0
+    for _, layer, shape in model.layer_inputs():  # type: ignore[attr-defined]
         if isinstance(layer, Conv2d):
             _, out_h, out_w = layer.out_shape(shape)
             o, ck, length = (
@@ -137,7 +142,6 @@ def patch_elements(model: SequentialModel) -> int:
                 total += layer.in_channels * layer.kernel_size * padded_h * out_w
             else:
                 total += ck * length
-        shape = layer.out_shape(shape)
     return total
 
 
@@ -169,7 +173,7 @@ def prefers_ghost(model: StackedModel, device: torch.device) -> bool:
 
 
 def ghost_clipped_sum(
-    model: SequentialModel,
+    model: StackedModel,
     params: dict[str, Tensor],
     x: Tensor,
     y: Tensor,
@@ -186,26 +190,25 @@ def ghost_clipped_sum(
     Returns ``(grads, losses (n, B), norms (n, B))``; masked samples have zero norm and weight.
     """
     records: list[tuple[str, object, dict[str, Tensor], Tensor, Tensor]] = []
-    a = x
+
+    def run(lname: str, layer, lp: dict[str, Tensor], a: Tensor) -> Tensor:
+        """One layer; a parameterised one's input (its ``x_hat`` for GroupNorm) and output
+        are recorded for the per-sample norms."""
+        lp = {k: v.detach() for k, v in lp.items()}
+        if isinstance(layer, (Linear, Conv2d)):
+            inp, z = a.detach(), layer.forward(lp, a)
+        elif isinstance(layer, GroupNorm) and layer.affine:
+            xhat = layer.normalize(a)  # the affine map's input
+            inp, z = xhat.detach(), layer.affine_map(lp, xhat)
+        else:
+            return layer.forward(lp, a)
+        if not z.requires_grad:
+            z.requires_grad_(True)
+        records.append((lname, layer, lp, inp, z))
+        return z
+
     with torch.enable_grad():
-        for lname, layer in model.layers:
-            lp = {k: v.detach() for k, v in model.layer_params(params, lname, layer).items()}
-            if isinstance(layer, (Linear, Conv2d)):
-                inp = a.detach()
-                z = layer.forward(lp, a)
-                if not z.requires_grad:
-                    z.requires_grad_(True)
-                records.append((lname, layer, lp, inp, z))
-                a = z
-            elif isinstance(layer, GroupNorm) and layer.affine:
-                xhat = layer.normalize(a)  # the affine map's input, x_hat
-                z = layer.affine_map(lp, xhat)
-                if not z.requires_grad:
-                    z.requires_grad_(True)
-                records.append((lname, layer, lp, xhat.detach(), z))
-                a = z
-            else:
-                a = layer.forward(lp, a)
+        a = model.forward_with(params, x, run)  # type: ignore[attr-defined]
         losses = loss_fn(a, y)
         total = (losses * mask).sum() if mask is not None else losses.sum()
         outs = torch.autograd.grad(total, [r[4] for r in records])

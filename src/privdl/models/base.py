@@ -24,6 +24,8 @@ from privdl.errors import ConfigError
 
 ParamShapes = dict[str, tuple[int, ...]]
 InitFn = Callable[[torch.Generator, torch.dtype, torch.device], dict[str, Tensor]]
+#: ``apply(name, layer, layer_params, input) -> output``: how a model runs one of its layers.
+LayerApply = Callable[[str, "Layer", dict[str, Tensor], Tensor], Tensor]
 
 
 class StackedModel(ABC):
@@ -346,7 +348,20 @@ class SequentialModel(StackedModel):
         return {k: params[f"{lname}.{k}"] for k in layer.param_shapes()}
 
     def forward(self, params, x):
+        return self.forward_with(params, x, lambda lname, layer, lp, a: layer.forward(lp, a))
+
+    def forward_with(self, params: dict[str, Tensor], x: Tensor, apply: LayerApply) -> Tensor:
+        """The forward pass with every layer run as ``apply(name, layer, its params, input)``
+        (the ghost path records its parameterised layers this way)."""
         a = x
         for lname, layer in self.layers:
-            a = layer.forward(self.layer_params(params, lname, layer), a)
+            a = apply(lname, layer, self.layer_params(params, lname, layer), a)
         return a
+
+    def layer_inputs(self) -> list[tuple[str, Layer, tuple[int, ...]]]:
+        """Every layer with the per-sample shape of its input, in run order."""
+        out, shape = [], self.in_shape
+        for lname, layer in self.layers:
+            out.append((lname, layer, shape))
+            shape = layer.out_shape(shape)
+        return out

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import operator
 import os
 import re
 import sys
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
@@ -59,6 +61,7 @@ from privdl.models.base import (
     Flatten,
     GroupNorm,
     Layer,
+    LayerApply,
     Linear,
     MaxPool2d,
     ParamShapes,
@@ -266,11 +269,22 @@ def _plain_pool(k: Any, kwargs: dict[str, Any], *, avg: bool = False) -> bool:
     return all(kwargs.get(key, v) == v for key, v in plain.items() if key != "stride")
 
 
-def _traced_layers(module: nn.Module) -> list[tuple[str, Layer]]:
-    """privdl's layers for a module whose ``forward`` is a plain chain (each step takes only the
-    previous step's output) of supported sub-modules and the functions ``relu``/``sigmoid``/
-    ``tanh``, ``max_pool2d(x, k)`` and ``flatten(x, 1)``, as ``torch.fx`` traces it; a chain
-    that calls a sub-module twice, branches or does anything else raises ``ValueError``."""
+#: A traced step: its name, privdl's layer (``None``: the sum of its inputs, a residual
+#: connection) and the indices of its inputs among the earlier steps (``-1``: the model input).
+TracedStep = tuple[str, "Layer | None", tuple[int, ...]]
+
+_ADDS = (operator.add, operator.iadd, torch.add, "add", "add_")
+
+
+def _traced_steps(module: nn.Module) -> list[TracedStep]:
+    """privdl's steps for a module whose ``forward`` ``torch.fx`` traces to a graph of supported
+    sub-modules, the functions ``relu``/``sigmoid``/``tanh``, ``max_pool2d(x, k)``,
+    ``avg_pool2d(x, k)``, ``adaptive_avg_pool2d(x, 1)`` and ``flatten(x, 1)``, and sums of two
+    tensors (residual connections: ``a + b``, ``out += identity``); every sub-module with
+    parameters called once (a shared weight's per-sample gradient is a sum over its uses, which
+    the ghost norms do not cover; a parameter-free one such as torchvision's reused ``relu`` may
+    recur), no step's output dropped, and no in-place step on a tensor read elsewhere. Anything
+    else raises ``ValueError``."""
     import torch.fx
 
     try:
@@ -278,61 +292,130 @@ def _traced_layers(module: nn.Module) -> list[tuple[str, Layer]]:
     except Exception as exc:  # noqa: BLE001 - untraceable forward: the generic path
         raise ValueError("untraceable") from exc
     modules = dict(module.named_modules())
-    layers: list[tuple[str, Layer]] = []
+    steps: list[TracedStep] = []
+    index: dict[Any, int] = {}
     used: set[str] = set()
-    prev = None
     for node in graph.nodes:
         if node.op == "placeholder":
-            if prev is not None:
+            if index:
                 raise ValueError("two inputs")
-            prev = node
+            index[node] = -1
             continue
         if node.op == "output":
-            if node.args[0] is not prev:
+            out = node.args[0]
+            if out not in index:
+                raise ValueError("output")
+            if index[out] != len(steps) - 1:  # the last step must be the output
                 raise ValueError("output")
             break
-        if not node.args or node.args[0] is not prev or len(node.users) > 1:
-            raise ValueError("not a chain")
+        if not node.args or node.args[0] not in index:
+            raise ValueError("input")
+        if not node.users:  # a dead branch: its layers would get no gradient at all
+            raise ValueError("unused step")
+        in_place = node.target in (operator.iadd, "add_") or (
+            node.op == "call_module" and getattr(modules[node.target], "inplace", False)
+        )
+        if in_place and len(node.args[0].users) > 1:  # the input is read elsewhere too
+            raise ValueError("in-place step on a shared input")
+        first = index[node.args[0]]
         extra, kwargs = node.args[1:], dict(node.kwargs)
+        fn = node.target
+        layer: Layer | None = None
+        inputs: tuple[int, ...] = (first,)
+        name = str(fn)
         if node.op == "call_module":
-            if node.target in used or extra or kwargs:
-                raise ValueError("reused module")
+            sub = modules[node.target]
+            has_params = any(True for _ in sub.parameters())
+            if (has_params and node.target in used) or extra or kwargs:
+                raise ValueError("reused module")  # shared weights (a parameter-free one is fine)
             used.add(node.target)
-            layer = _as_layer(modules[node.target])
-            if layer is not None:
-                layers.append((node.target, layer))
-        elif node.op in ("call_function", "call_method"):
-            fn = node.target
-            if fn in _FX_ACTIVATIONS and not extra and kwargs in ({}, {"inplace": False}):
-                layers.append(
-                    (f"{_FX_ACTIVATIONS[fn]}{len(layers)}", Activation(_FX_ACTIVATIONS[fn]))
-                )
-            elif (
-                fn is torch.nn.functional.max_pool2d
-                and len(extra) == 1
-                and _plain_pool(extra[0], kwargs)
-            ):
-                layers.append((f"pool{len(layers)}", MaxPool2d(int(extra[0]))))
-            elif (
-                fn is torch.nn.functional.avg_pool2d
-                and len(extra) == 1
-                and _plain_pool(extra[0], kwargs, avg=True)
-            ):
-                layers.append((f"pool{len(layers)}", AvgPool2d(int(extra[0]))))
-            elif (
-                fn is torch.nn.functional.adaptive_avg_pool2d
-                and extra in ((1,), ((1, 1),))
-                and not kwargs
-            ):
-                layers.append((f"pool{len(layers)}", AvgPool2d(None)))
-            elif fn in (torch.flatten, "flatten") and tuple(extra) == (1,) and not kwargs:
-                layers.append((f"flatten{len(layers)}", Flatten()))
-            else:
-                raise ValueError(f"unsupported step {fn}")
-        else:
+            layer = _as_layer(sub)
+            name = node.target if has_params else f"{node.target}{len(steps)}"
+            if layer is None:  # Identity: the step is its input
+                index[node] = first
+                continue
+        elif node.op not in ("call_function", "call_method"):
             raise ValueError(node.op)
-        prev = node
-    return layers
+        elif fn in _FX_ACTIVATIONS and not extra and kwargs in ({}, {"inplace": False}):
+            layer, name = Activation(_FX_ACTIVATIONS[fn]), f"{_FX_ACTIVATIONS[fn]}{len(steps)}"
+        elif fn is F.max_pool2d and len(extra) == 1 and _plain_pool(extra[0], kwargs):
+            layer, name = MaxPool2d(int(extra[0])), f"pool{len(steps)}"
+        elif fn is F.avg_pool2d and len(extra) == 1 and _plain_pool(extra[0], kwargs, avg=True):
+            layer, name = AvgPool2d(int(extra[0])), f"pool{len(steps)}"
+        elif fn is F.adaptive_avg_pool2d and extra in ((1,), ((1, 1),)) and not kwargs:
+            layer, name = AvgPool2d(None), f"pool{len(steps)}"
+        elif fn in (torch.flatten, "flatten") and tuple(extra) == (1,) and not kwargs:
+            layer, name = Flatten(), f"flatten{len(steps)}"
+        elif fn in _ADDS and len(extra) == 1 and not kwargs and extra[0] in index:
+            inputs, name = (first, index[extra[0]]), f"add{len(steps)}"
+        else:
+            raise ValueError(f"unsupported step {fn}")
+        index[node] = len(steps)
+        steps.append((name, layer, inputs))
+    else:
+        raise ValueError("no output")
+    return steps
+
+
+def _is_chain(steps: list[TracedStep]) -> bool:
+    return all(
+        layer is not None and inputs == (i - 1,) for i, (_, layer, inputs) in enumerate(steps)
+    )
+
+
+class GraphModuleModel(StackedModel):
+    """A user's module whose traced ``forward`` has residual sums (a graph, not a chain), run as
+    privdl's own layers (ghost clipping), with the module's parameter names, order and initial
+    weights (from ``source``, as :class:`SequentialModuleModel`)."""
+
+    def __init__(self, source: ModuleModel, steps: list[TracedStep]) -> None:
+        self.source, self.steps = source, steps
+        self.name, self.in_shape = source.name, source.in_shape
+        shapes: list[tuple[int, ...]] = []
+        for _, layer, inputs in steps:
+            ins = [self.in_shape if i < 0 else shapes[i] for i in inputs]
+            if layer is None and ins[0] != ins[1]:
+                raise ConfigError(f"module {source.name}: a sum of shapes {ins[0]} and {ins[1]}")
+            shapes.append(ins[0] if layer is None else tuple(layer.out_shape(ins[0])))
+        self._shapes = shapes
+        self.out_shape = shapes[-1]
+        mine = {
+            f"{name}.{k}": v
+            for name, layer, _ in steps
+            if layer is not None
+            for k, v in layer.param_shapes().items()
+        }
+        if mine != source.param_shapes() or self.out_shape != source.out_shape:
+            raise ConfigError(f"module {source.name}: its layers do not convert one to one")
+
+    def param_shapes(self) -> ParamShapes:
+        return self.source.param_shapes()
+
+    def _init_one(self, generator, dtype, device) -> dict[str, Tensor]:
+        return self.source._init_one(generator, dtype, device)
+
+    def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return self.forward_with(params, x, lambda name, layer, lp, a: layer.forward(lp, a))
+
+    def forward_with(self, params: dict[str, Tensor], x: Tensor, apply: LayerApply) -> Tensor:
+        """The graph, every layer run as ``apply(name, layer, its params, input)``."""
+        values: list[Tensor] = []
+        for name, layer, inputs in self.steps:
+            ins = [x if i < 0 else values[i] for i in inputs]
+            if layer is None:
+                values.append(ins[0] + ins[1])
+            else:
+                lp = {k: params[f"{name}.{k}"] for k in layer.param_shapes()}
+                values.append(apply(name, layer, lp, ins[0]))
+        return values[-1]
+
+    def layer_inputs(self) -> list[tuple[str, Layer, tuple[int, ...]]]:
+        """Every layer with the per-sample shape of its input, in run order."""
+        return [
+            (name, layer, self.in_shape if inputs[0] < 0 else self._shapes[inputs[0]])
+            for name, layer, inputs in self.steps
+            if layer is not None
+        ]
 
 
 def from_module(
@@ -348,12 +431,17 @@ def from_module(
         source = ModuleModel(module, in_shape=in_shape, name=name)
     else:
         source = ModuleModel(in_shape=in_shape, name=name, factory=module)
-    for convert in (_sequential_layers, _traced_layers):
-        try:
-            return SequentialModuleModel(source, convert(source.module))
-        except (ValueError, ConfigError):
-            continue
-    return source
+    try:
+        return SequentialModuleModel(source, _sequential_layers(source.module))
+    except (ValueError, ConfigError):
+        pass
+    try:
+        steps = _traced_steps(source.module)
+        if _is_chain(steps):
+            return SequentialModuleModel(source, [(n, layer) for n, layer, _ in steps])
+        return GraphModuleModel(source, steps)
+    except (ValueError, ConfigError):
+        return source
 
 
 def is_module_spec(name: str) -> bool:
