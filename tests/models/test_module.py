@@ -254,12 +254,19 @@ def test_a_traced_groupnorm_net_equals_the_per_sample_loop():
     params = _stacked(fast.source, 3, gen)
     x = torch.randn(3, 4, 2, 5, 5, generator=gen, dtype=F64)
     y = torch.randint(0, 3, (3, 4), generator=gen)
-    clip = ClipSpec("per_sample", threshold=6.0)  # some samples clipped, some not
+    _assert_ghost_equals_loop(GroupNormNet, fast, params, x, y, threshold=6.0)
+
+
+def _assert_ghost_equals_loop(cls, fast, params, x, y, *, threshold):
+    """The ghost path's clipped gradients equal the per-sample loop over ``cls`` modules, with
+    ``threshold`` chosen so that some samples are clipped and some are not."""
+    clip = ClipSpec("per_sample", threshold=threshold)
     res = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
-    ref = _loop_oracle(GroupNormNet(), params, x, y, 6.0)
+    ref = _loop_oracle(cls(), params, x, y, threshold)
     for k in ref:
         torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12)
-    assert (res.per_sample_norms > 6.0).any() and (res.per_sample_norms < 6.0).any()
+    norms = res.per_sample_norms
+    assert (norms > threshold).any() and (norms < threshold).any()
 
 
 def test_a_sequential_factory_starts_where_the_generic_path_would(user_dir):
@@ -388,12 +395,7 @@ def test_a_residual_block_takes_the_ghost_path_and_equals_the_per_sample_loop():
         net = Block().to(F64)
         net.load_state_dict({k: v[1] for k, v in params.items()})
         torch.testing.assert_close(fast.forward(params, x)[1], net(x[1]))
-    clip = ClipSpec("per_sample", threshold=2.2)  # some samples clipped, some not
-    res = node_gradients(fast, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
-    ref = _loop_oracle(Block(), params, x, y, 2.2)
-    for k in ref:
-        torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12)
-    assert (res.per_sample_norms > 2.2).any() and (res.per_sample_norms < 2.2).any()
+    _assert_ghost_equals_loop(Block, fast, params, x, y, threshold=2.2)
 
 
 def test_a_residual_mlp_takes_the_ghost_path_and_agrees_with_vmap():
