@@ -146,6 +146,3 @@ def test_cli_fedavg_and_refusals(tmp_path, capsys):
     assert main([*bad, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "graph does not apply to robust-hdp" in err
-    launch = ["launch", "weiavg", "--task", "a9a", "--epsilon", "1", "--clip", "1"]
-    assert main([*launch, "--nproc", "2", "--out", str(tmp_path / "y")]) == 2
-    assert "privdl launch runs the decentralized algorithms" in capsys.readouterr().err

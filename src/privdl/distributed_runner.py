@@ -43,7 +43,7 @@ from privdl.comm.distributed import (
     init_from_env,
     shard_ranges,
 )
-from privdl.config import RunConfig, make_config
+from privdl.config import FEDERATED, RunConfig, make_config
 from privdl.engine.clipping import clip_by_global_norm
 from privdl.engine.grads import ClipSpec, GradResult, node_gradients
 from privdl.errors import ConfigError, PrivdlError
@@ -203,23 +203,25 @@ def _setup(job: _Job, held: ExitStack) -> tuple[RunConfig, dict | None, str | No
             cfg = make_config(records.config())
             return cfg, records.load_checkpoint(), None
         assert job.cfg is not None
-        from privdl.privacy import calibration_record
         from privdl.runner import write_calibration
 
         built = build(job.cfg)  # calibrated once, here
         cfg = built.cfg
         shard_ranges(cfg_nodes(cfg), dist.get_world_size())
         records.start(cfg.model_dump(), overwrite=job.overwrite)
-        write_calibration(records, calibration_record(cfg, built.topology, built.task))
+        write_calibration(records, built.calibration())
         return cfg, None, None
     except PrivdlError as exc:
         return job.cfg, None, f"error:{exc}"  # type: ignore[return-value]
 
 
 def cfg_nodes(cfg: RunConfig) -> int:
-    """Number of nodes of a config's graph."""
+    """Number of nodes of a config's graph (a federated run's: its clients)."""
+    from privdl.config import FEDERATED, federated_clients
     from privdl.topology import parse_topology
 
+    if cfg.algorithm in FEDERATED:
+        return federated_clients(cfg)[0]
     return parse_topology(cfg.graph).n
 
 
@@ -276,6 +278,10 @@ def run_worker(
             return _bcast(summary)
         if status is not None:
             raise PrivdlError(status.removeprefix("error:"))
+        if cfg.algorithm in FEDERATED:
+            return _federated_worker(
+                cfg, ckpt, out_dir, timeout_s=timeout_s, progress=progress, stop_after=stop_after
+            )
         built = build(cfg, calibrated=True)
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         comm = DistributedCommunicator(
@@ -344,6 +350,62 @@ def run_worker(
         summary = _bcast(summary)
         refuse_diverged(summary)
         return summary
+
+
+def _no_gossip(t: int) -> Any:
+    raise ConfigError("federated learning has no gossip schedule")
+
+
+def _federated_worker(
+    cfg: RunConfig,
+    ckpt: dict | None,
+    out_dir: str | Path,
+    *,
+    timeout_s: float,
+    progress: bool | None,
+    stop_after: int | None,
+) -> dict[str, Any]:
+    """This rank's part of a federated run (Robust-HDP Algorithm 1 and its baselines).
+
+    Each rank runs the local DP-SGD steps of the clients it owns; the server's round (gather M,
+    aggregate, broadcast rank 0's weights, all-reduce the weighted sum) is
+    :class:`~privdl.algorithms.federated.FederatedDPSGD`'s sharded path. The server model, the
+    generator, the participation record and the aggregator's state are the same on every rank,
+    so rank 0's checkpoint is the whole run's, in the single-process format (resume with any
+    number of processes, or ``privdl run --resume``).
+    """
+    from privdl.federated_runner import build_federated
+    from privdl.runner import _loop
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    comm = DistributedCommunicator(
+        _no_gossip, n_nodes=cfg_nodes(cfg), device=cfg.device, dtype=dtype, timeout_s=timeout_s
+    )
+    built = build_federated(cfg, comm=comm)
+    state = built.init_state(built.initial_params())
+    wall = 0.0
+    if ckpt is not None:
+        state = built.restore(state, ckpt)
+        wall = float(ckpt.get("wall_time", 0.0))
+    kill = _kill_step(rank)
+
+    def before_step(t: int) -> None:
+        if kill is not None and t == kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return _loop(
+        built,
+        RunRecords(out_dir) if rank == 0 else None,
+        state,
+        progress=progress,
+        stop_after=stop_after,
+        t0_wall=wall,
+        sync=_bcast,
+        label=f"{cfg.algorithm} x{world}",
+        before_step=before_step,
+        distributed={"world_size": world, "backend": dist.get_backend()},
+    )
 
 
 def _eval_row(built: Any, full: Tree, t: int, wall: float) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from privdl.algorithms.federated import (
     FederatedState,
     server_budget,
 )
-from privdl.comm.base import Tree
+from privdl.comm.base import Communicator, Tree
 from privdl.config import RunConfig, federated_clients
 from privdl.errors import ConfigError
 from privdl.privacy import DEFAULT_DELTA
@@ -173,9 +173,11 @@ def _aggregator_options(cfg: RunConfig) -> dict[str, Any]:
     return {}
 
 
-def build_federated(cfg: RunConfig) -> FederatedRun:
+def build_federated(cfg: RunConfig, *, comm: Communicator | None = None) -> FederatedRun:
     """Task, clients and trainer of a federated ``cfg`` (its options are checked by
-    :func:`privdl.config.make_config`)."""
+    :func:`privdl.config.make_config`). ``comm``: a
+    :class:`~privdl.comm.distributed.DistributedCommunicator` for a sharded run (this process
+    runs the clients it owns; ``privdl launch``), else the single-process simulator."""
     from privdl.tasks import build_task
 
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -205,5 +207,6 @@ def build_federated(cfg: RunConfig) -> FederatedRun:
         task.data,
         config=fcfg,
         aggregator=build_aggregator(cfg.algorithm, **_aggregator_options(cfg)),
+        comm=comm,
     )
     return FederatedRun(cfg, task, trainer, ServerTopology(n, cfg.clients_per_round))

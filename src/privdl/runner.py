@@ -10,6 +10,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -350,38 +351,68 @@ def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, An
         return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
 
 
-def _loop(built, records, state, *, progress, stop_after, t0_wall) -> dict[str, Any]:
+def _loop(
+    built: Any,
+    records: RunRecords | None,
+    state: Any,
+    *,
+    progress: bool | None,
+    stop_after: int | None,
+    t0_wall: float,
+    sync: Callable[[Any], Any] | None = None,
+    label: str | None = None,
+    before_step: Callable[[int], None] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Advance ``state`` to ``cfg.steps``: evaluate, checkpoint and record every ``eval_every``.
+
+    Several processes (a sharded federated run, :mod:`privdl.distributed_runner`): every rank
+    calls this; only the writer (rank 0) has ``records``, evaluates and checkpoints, and
+    ``sync(value)`` gives every rank rank 0's value (the stop flag, the summary). ``extra`` goes
+    into ``summary.json``; ``before_step(t)`` is the fault-injection hook.
+    """
     cfg = built.cfg
-    enabled = sys.stderr.isatty() if progress is None else progress
-    have = {r.get("step") for r in records.rows()}
+    writer = records is not None
+    enabled = writer and (sys.stderr.isatty() if progress is None else progress)
+    have = {r.get("step") for r in records.rows()} if writer else set()
     start_wall = time.perf_counter() - t0_wall
     t = state.t
-    if t == 0 and 0 not in have:
+    if writer and t == 0 and 0 not in have:
         records.append(built.eval_row(state, 0.0))
     last_row = None
     with _progress(cfg.steps, t, enabled) as prog:
-        bar = prog.add_task(cfg.algorithm, total=cfg.steps, completed=t, info="")
+        bar = prog.add_task(label or cfg.algorithm, total=cfg.steps, completed=t, info="")
         while t < cfg.steps:
+            if before_step is not None:
+                before_step(t)
             state = built.advance(state)
             t = state.t
             prog.advance(bar)
             if t % cfg.eval_every == 0 or t == cfg.steps:
-                wall = time.perf_counter() - start_wall
-                row = built.eval_row(state, wall)
-                if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
-                    row["diverged"] = True
-                records.save_checkpoint(built.checkpoint(state, wall=wall))
-                if t not in have:
-                    records.append(row)
-                last_row = row
-                prog.update(bar, info=_short(row))
-                if row.get("diverged"):
+                stop = False
+                if writer:
+                    wall = time.perf_counter() - start_wall
+                    row = built.eval_row(state, wall)
+                    if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
+                        row["diverged"] = True
+                    records.save_checkpoint(built.checkpoint(state, wall=wall))
+                    if t not in have:
+                        records.append(row)
+                    last_row, stop = row, bool(row.get("diverged"))
+                    prog.update(bar, info=_short(row))
+                if sync is not None:
+                    stop = sync(stop)
+                if stop:
                     break
             if stop_after is not None and t >= stop_after:
                 return {"stopped_at": t}
-    if last_row is None:
-        last_row = built.eval_row(state, time.perf_counter() - start_wall)
-    summary = finish_run(built, records, last_row, t)
+    summary = None
+    if writer:
+        if last_row is None:
+            last_row = built.eval_row(state, time.perf_counter() - start_wall)
+        summary = finish_run(built, records, last_row, t, **extra)
+    if sync is not None:
+        summary = sync(summary)
     refuse_diverged(summary)
     return summary
 

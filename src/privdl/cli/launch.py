@@ -172,11 +172,6 @@ def _launch(
         cfg = make_config(values)
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
-    if cfg.algorithm in FEDERATED:
-        raise ConfigError(
-            f"privdl launch runs the decentralized algorithms; {cfg.algorithm} runs in one "
-            "process with 'privdl run', or sharded from Python (docs/distributed.md)"
-        )
     job["out"] = str(out_dir)
     job["progress"] = progress
     if _in_torchrun():
@@ -188,9 +183,10 @@ def _launch(
 
     n = cfg_nodes(cfg)
     if nproc > n:
+        what = "clients" if cfg.algorithm in FEDERATED else f"nodes of graph {cfg.graph!r}"
         raise ConfigError(
-            f"--nproc {nproc} exceeds the {n} nodes of graph {cfg.graph!r}; "
-            f"use at most {n} processes (each owns at least one node)"
+            f"--nproc {nproc} exceeds the {n} {what}; "
+            f"use at most {n} processes (each owns at least one)"
         )
     spawn(job, nproc=nproc, master_addr=master_addr, master_port=master_port, timeout_s=timeout)
 

@@ -1,0 +1,120 @@
+"""``privdl launch`` for the federated algorithms: a sharded run equals the single-process one.
+
+Oracle: ``privdl.runner.train`` of the same config (the simulator, every client in one process).
+Robust-HDP (robust PCA on the gathered M, rank 0's weights broadcast) over 4 a9a clients with
+heterogeneous budgets, float64: every metrics row (accuracy, loss, each client's epsilon, the
+server's weights) and the final model agree; a rank killed mid-run leaves a checkpoint that
+resumes on another number of processes to the same end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from privdl.cli.main import main as cli_main
+from privdl.runner import train as sp_train
+
+FLAGS = ["robust-hdp", "--task", "a9a", "--clients", "4", "--budgets", "1,2,4,8", "--clip", "1",
+         "--lr", "0.05", "--steps", "6", "--eval-every", "2", "--dtype", "float64", "--seed", "3",
+         "--no-progress"]  # fmt: skip
+RUN = {
+    "algorithm": "robust-hdp",
+    "task": "a9a",
+    "clients": 4,
+    "budgets": "1,2,4,8",
+    "clip": 1.0,
+    "lr": 0.05,
+    "steps": 6,
+    "eval_every": 2,
+    "dtype": "float64",
+    "seed": 3,
+}
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("wall_time")
+    return rows
+
+
+def _assert_rows_close(a: list[dict], b: list[dict]) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ("loss", "accuracy", "test_loss", "train_accuracy"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-10, abs=1e-12)
+        assert ra.get("weights") == rb.get("weights")  # rounded to 6 decimals
+        assert ra.get("client_epsilons") == rb.get("client_epsilons")
+        assert ra.get("privacy") == rb.get("privacy")
+
+
+def _params(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["params"]
+
+
+def _resume_rank(rank: int, out: str) -> None:
+    from privdl.distributed_runner import run_worker
+
+    run_worker(None, out, resume=True, timeout_s=30, progress=False)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single") / "run"
+    sp_train(RUN, out, progress=False)
+    return out
+
+
+def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, capfd):
+    out = tmp_path / "launched"
+    assert cli_main(["launch", "--nproc", "2", *FLAGS, "--out", str(out)]) == 0
+    printed = capfd.readouterr().out  # printed by rank 0, a subprocess
+    assert "(largest client)" in printed and "clients' epsilons: 1, 2, " in printed
+    _assert_rows_close(_rows(out), _rows(single))
+    a, b = _params(out), _params(single)
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-12)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["distributed"] == {"world_size": 2, "backend": "gloo"}
+    assert summary["topology"]["kind"] == "server" and summary["completed"]
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cal == json.loads((single / "calibration.json").read_text())
+
+
+def test_killed_federated_launch_resumes_on_other_process_counts(
+    tmp_path, single, monkeypatch, capfd, run_ranks
+):
+    k = random.randint(3, 5)  # rank 1 dies before round k: rounds 2 (and 4) are checkpointed
+    killed = tmp_path / "killed"
+    monkeypatch.setenv("PRIVDL_DEBUG_KILL", f"1:{k}")
+    code = cli_main(["launch", "--nproc", "2", "--timeout", "20", *FLAGS, "--out", str(killed)])
+    monkeypatch.delenv("PRIVDL_DEBUG_KILL")
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "rank 1 was killed by SIGKILL" in err
+    assert not (killed / "summary.json").exists()
+    assert torch.load(killed / "checkpoint.pt", weights_only=False)["t"] == (k // 2) * 2
+    three = tmp_path / "three"
+    shutil.copytree(killed, three)
+    assert run_ranks(3, _resume_rank, (str(three),)) == [0, 0, 0]  # shards 2/1/1
+    assert cli_main(["run", "--resume", str(killed), "--no-progress"]) == 0  # one process
+    for run in (three, killed):
+        _assert_rows_close(_rows(run), _rows(single))
+        a, b = _params(run), _params(single)
+        for name in b:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
+
+
+def test_more_processes_than_clients_is_refused(tmp_path, capsys):
+    args = ["launch", "--nproc", "5", *FLAGS, "--out", str(tmp_path / "x")]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--nproc 5 exceeds the 4 clients" in err
+    assert not (tmp_path / "x").exists()
