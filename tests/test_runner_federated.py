@@ -146,3 +146,10 @@ def test_cli_fedavg_and_refusals(tmp_path, capsys):
     assert main([*bad, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "graph does not apply to robust-hdp" in err
+
+
+def test_printed_noise_multiplier_span():
+    from privdl.cli.run import _span
+
+    assert _span([0.77161, 0.77164, 0.77158]) == "0.7716"  # equal to the 4 digits shown
+    assert _span([1.05, 0.5038, 0.7]) == "0.5038..1.05"

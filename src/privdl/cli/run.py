@@ -200,6 +200,12 @@ def _print_repeats(dirs: list[Path], out_dir: Path) -> None:
     click.echo(f"records: {out_dir}/seed-*; report: {path}")
 
 
+def _span(values: list[float]) -> str:
+    """``lo..hi`` of ``values`` (one number when they are all equal)."""
+    lo, hi = f"{min(values):.4g}", f"{max(values):.4g}"
+    return lo if lo == hi else f"{lo}..{hi}"
+
+
 def _print_summary(summary: dict, out_dir: Path) -> None:
     from privdl.report import privacy_text
 
@@ -217,8 +223,8 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         z = [c["noise_multiplier"] for c in cal["clients"]]
         ref = [c["noise_multiplier_nominal"] for c in cal["clients"]]
         click.echo(
-            f"noise multipliers z_i (rdp): {min(z):.4g}..{max(z):.4g} "
-            f"(the Robust-HDP code's, NOMINAL: {min(ref):.4g}..{max(ref):.4g})"
+            f"noise multipliers z_i (rdp): {_span(z)} "
+            f"(the Robust-HDP code's, NOMINAL: {_span(ref)})"
         )
     for key, entry in cal.items():
         if isinstance(entry, dict) and "sigma" in entry:
