@@ -136,7 +136,8 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     ALGORITHM: dsgd, ldp, cdp, decor (DECOR), porter-dp, porter-gc (PORTER), privsgp,
     privsgp-vr (PrivSGP-VR; also on expo:N with push-sum); federated, with a server and
     --clients instead of a graph (steps are rounds): robust-hdp (Robust-HDP), weiavg, pfa,
-    dpfedavg, mineps, fedavg.
+    dpfedavg (the Robust-HDP paper's baseline: example-level DP-SGD on each client), mineps,
+    fedavg.
     """
     from privdl.runner import resume, train
 
