@@ -46,7 +46,7 @@ from privdl.comm.distributed import (
 from privdl.config import FEDERATED, RunConfig, make_config
 from privdl.engine.clipping import clip_by_global_norm
 from privdl.engine.grads import ClipSpec, GradResult, node_gradients
-from privdl.errors import ConfigError, PrivdlError
+from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.records import RunRecords
 
 __all__ = ["ShardOracle", "init_shard_state", "run_worker", "worker_main"]
@@ -196,8 +196,7 @@ def _setup(job: _Job, held: ExitStack) -> tuple[RunConfig, dict | None, str | No
     try:
         if job.resume:
             records.config()  # refuses a directory that holds no run, before locking it
-        held.enter_context(records.exclusive())
-        if job.resume:
+            held.enter_context(records.exclusive())
             if records.summary() is not None:
                 return make_config(records.config()), None, "done"
             cfg = make_config(records.config())
@@ -205,9 +204,10 @@ def _setup(job: _Job, held: ExitStack) -> tuple[RunConfig, dict | None, str | No
         assert job.cfg is not None
         from privdl.runner import write_calibration
 
-        built = build(job.cfg)  # calibrated once, here
+        built = build(job.cfg)  # calibrated once, here; bad input fails before --out is made
         cfg = built.cfg
         shard_ranges(cfg_nodes(cfg), dist.get_world_size())
+        held.enter_context(records.exclusive())
         records.start(cfg.model_dump(), overwrite=job.overwrite)
         write_calibration(records, built.calibration())
         return cfg, None, None
@@ -276,8 +276,9 @@ def run_worker(
         if status == "done":
             summary = RunRecords(out_dir).summary() if rank == 0 else None
             return _bcast(summary)
-        if status is not None:
-            raise PrivdlError(status.removeprefix("error:"))
+        if status is not None:  # rank 0 prints it; the others exit quietly with code 2
+            message = status.removeprefix("error:")
+            raise PrivdlError(message) if rank == 0 else ReportedError(message)
         if cfg.algorithm in FEDERATED:
             return _federated_worker(
                 cfg, ckpt, out_dir, timeout_s=timeout_s, progress=progress, stop_after=stop_after
@@ -438,6 +439,8 @@ def worker_main(job: dict[str, Any]) -> int:
             timeout_s=float(job.get("timeout", DEFAULT_TIMEOUT_S)),
             progress=job.get("progress"),
         )
+    except ReportedError:
+        os._exit(2)
     except PrivdlError as exc:
         text = str(exc) if str(exc).startswith("rank ") else f"rank {rank}: {exc}"
         print(f"error: {text}", file=sys.stderr, flush=True)

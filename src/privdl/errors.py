@@ -24,3 +24,8 @@ class DataError(PrivdlError):
 
 class PrivacyError(PrivdlError, ValueError):
     """Invalid privacy parameters (sigma <= 0, delta outside (0, 1), q >= n, ...)."""
+
+
+class ReportedError(PrivdlError):
+    """An error another process has already printed (a distributed run's rank 0, or its ranks):
+    the CLI exits with 2 and prints nothing more, so the user reads each error once."""

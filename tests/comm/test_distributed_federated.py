@@ -118,3 +118,16 @@ def test_more_processes_than_clients_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--nproc 5 exceeds the 4 clients" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_missing_data_is_one_line_from_rank_0_and_no_run_directory(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("PRIVDL_DATA_DIR", raising=False)  # the ranks inherit this environment
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = ["launch", "--nproc", "2", "robust-hdp", "--task", "mnist", "--clients", "2",
+            "--budgets", "1,2", "--clip", "1", "--data-dir", str(tmp_path / "none")]  # fmt: skip
+    assert cli_main([*args, "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith("error: rank 0: mnist: missing train-images-idx3-ubyte")
+    assert not out.exists()

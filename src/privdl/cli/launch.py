@@ -25,7 +25,7 @@ from privdl.cli.run import _FLAGS, _parse_set
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
 from privdl.config import FEDERATED, load_config_file, make_config
-from privdl.errors import ConfigError, PrivdlError
+from privdl.errors import ConfigError, PrivdlError, ReportedError
 
 _OWN = (
     click.Option(["--nproc"], type=int, default=2, show_default=True, help="Processes to start."),
@@ -138,6 +138,8 @@ def spawn(
             p.wait()
         raise
     bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+    if bad and not stopped and all(c == 2 for _, c in bad):
+        raise ReportedError("the ranks' errors are printed above")  # each said why, once
     if bad:
         # the cause first: ranks killed by a signal, then failing ranks, then those we stopped
         bad.sort(key=lambda rc: (rc[0] in stopped, rc[1] >= 0, rc[0]))

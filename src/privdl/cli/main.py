@@ -14,7 +14,7 @@ import click
 
 from privdl import __version__
 from privdl.engine.allocator import tune_allocator
-from privdl.errors import PrivdlError
+from privdl.errors import PrivdlError, ReportedError
 
 #: (module, attribute) pairs of the click commands attached to the main group.
 _COMMANDS: tuple[tuple[str, str], ...] = (
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ["--debug", *[a for a in args if a != "--debug"]]
     try:
         cli.main(args=args, prog_name="privdl", standalone_mode=False)
+    except ReportedError:
+        return 2
     except PrivdlError as exc:
         if debug:
             raise
