@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from privdl.engine import ClipSpec, evaluate, node_gradients
+from privdl.engine.ghost import prefers_ghost
 from privdl.errors import ConfigError, DataError, PrivacyError
 from privdl.models import Activation, Conv2d, Flatten, Linear, MaxPool2d, build_model
 
@@ -38,7 +39,7 @@ def torch_reference(model, params, node):
         elif isinstance(layer, Activation):
             mod = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}[layer.name]()
         elif isinstance(layer, MaxPool2d):
-            mod = nn.MaxPool2d(layer.kernel_size)
+            mod = nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding)
         else:
             assert isinstance(layer, Flatten)
             mod = nn.Flatten()
@@ -243,10 +244,17 @@ def test_strided_convnet_ghost_equals_loop_oracle(stride):
     torch.testing.assert_close(r.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)
 
 
-def test_resnet_vmap_fallback_equals_loop_oracle():
+@pytest.mark.parametrize(
+    "name, kw",
+    [("resnet18-gn", {"width": 2}), ("resnet34-nonorm", {"width": 2})],
+)
+def test_resnet_ghost_and_vmap_equal_loop_oracle(name, kw):
+    """The ResNets' ghost path (layer by layer: strided convs, GroupNorm, padded max-pool,
+    residual sums) and the vmap path both equal the one-sample loop."""
     gen = torch.Generator().manual_seed(0)
-    m = build_model("resnet18-gn", in_shape=(3, 16, 16), n_classes=3, width=2)
+    m = build_model(name, in_shape=(3, 16, 16), n_classes=3, **kw)
     p = m.init(n_nodes=2, generator=gen, dtype=F64, same_init=False)
+    p = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in p.items()}
     x = torch.randn(2, 3, 3, 16, 16, generator=gen, dtype=F64)
     y = labels("cross_entropy", 2, 3, 3, gen)
     keys = list(p)
@@ -256,13 +264,13 @@ def test_resnet_vmap_fallback_equals_loop_oracle():
             {k: v[None] for k, v in zip(keys, plist, strict=True)}, xs[None]
         )[0]
 
-    clip = ClipSpec("per_sample", 0.5)
-    want, want_loss, want_norms = oracle(m, p, x, y, loss="cross_entropy", clip=clip, single=single)
-    r = node_gradients(m, p, x, y, loss="cross_entropy", clip=clip)  # auto -> vmap
-    assert_close_dict(r.grads, want)
-    torch.testing.assert_close(r.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)
-    with pytest.raises(ConfigError):
-        node_gradients(m, p, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    assert prefers_ghost(m, torch.device("cpu"))  # auto takes the ghost path
+    for clip in (ClipSpec("per_sample", 0.5), ClipSpec("per_sample", 0.5, "smooth")):
+        want, _, want_norms = oracle(m, p, x, y, loss="cross_entropy", clip=clip, single=single)
+        for method in ("auto", "vmap"):
+            r = node_gradients(m, p, x, y, loss="cross_entropy", clip=clip, method=method)
+            assert_close_dict(r.grads, want)
+            torch.testing.assert_close(r.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)
 
 
 def test_vmap_sample_chunking_gives_same_result(monkeypatch):

@@ -44,7 +44,7 @@ def torch_reference(model: SequentialModel, params: dict, node: int) -> nn.Seque
         elif isinstance(layer, Activation):
             mods[lname] = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}[layer.name]()
         elif isinstance(layer, MaxPool2d):
-            mods[lname] = nn.MaxPool2d(layer.kernel_size)
+            mods[lname] = nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding)
         elif isinstance(layer, Flatten):
             mods[lname] = nn.Flatten()
     ref = nn.Sequential()
@@ -217,9 +217,18 @@ def test_resnet_forward_matches_torch_modules(name):
     gn = name == "resnet18-gn"
     blocks = (2, 2, 2, 2) if gn else (3, 4, 6, 3)
     ref = RefResNet(blocks, width, 5, 2 if gn else None, gn, 3, m.features).to(F64)
+    # the layer-by-layer forward (the ghost path's) computes the same network
+    layered = m.forward_with(p, x, lambda lname, layer, lp, a: layer.forward(lp, a))
     for i in range(n):
         ref.load_state_dict({k: v[i] for k, v in p.items()})
         torch.testing.assert_close(out[i], ref(x[i]), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(layered[i], ref(x[i]), rtol=1e-10, atol=1e-10)
+    steps = m.layer_inputs()  # every parameterised layer once, with its input's shape
+    named = [lname for lname, layer, _ in steps if layer.param_shapes()]
+    assert sorted(named) == sorted({k.rsplit(".", 1)[0] for k in p})
+    assert len(named) == len(set(named))
+    assert steps[0] == ("conv1", m._layers["conv1"], in_shape)
+    assert steps[-1][0] == "fc" and steps[-1][2] == (m.features,)
 
 
 def test_build_model_rejects_bad_input():

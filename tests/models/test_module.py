@@ -257,6 +257,31 @@ def test_a_traced_groupnorm_net_equals_the_per_sample_loop():
     _assert_ghost_equals_loop(GroupNormNet, fast, params, x, y, threshold=6.0)
 
 
+class StemNet(nn.Module):  # a torchvision ResNet stem: 7x7 stride-2 conv, padded 3x3/2 max-pool
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.GroupNorm(2, 4)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.fc = nn.Linear(4 * 3 * 3, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(torch.relu(self.bn1(self.conv1(x)))).flatten(1))
+
+
+def test_a_resnet_stem_with_a_padded_strided_pool_equals_the_per_sample_loop():
+    gen = torch.Generator().manual_seed(5)
+    fast = from_module(StemNet(), in_shape=(2, 11, 11))
+    assert isinstance(fast, SequentialModuleModel) and supports_ghost(fast)
+    params = _stacked(fast.source, 2, gen)
+    x = torch.randn(2, 5, 2, 11, 11, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (2, 5), generator=gen)
+    norms = node_gradients(
+        fast, params, x, y, loss="cross_entropy", clip=ClipSpec("per_sample", 1e9), method="ghost"
+    ).per_sample_norms
+    _assert_ghost_equals_loop(StemNet, fast, params, x, y, threshold=float(norms.median()))
+
+
 def _assert_ghost_equals_loop(cls, fast, params, x, y, *, threshold):
     """The ghost path's clipped gradients equal the per-sample loop over ``cls`` modules, with
     ``threshold`` chosen so that some samples are clipped and some are not."""

@@ -217,22 +217,29 @@ class Activation(Layer):
 
 
 class MaxPool2d(Layer):
-    """``kernel_size`` x ``kernel_size`` max pooling with stride ``kernel_size``."""
+    """``kernel_size`` x ``kernel_size`` max pooling, stride ``kernel_size`` unless given, zero
+    ``padding`` unless given (padded positions never win: ``F.max_pool2d`` pads with -inf)."""
 
-    def __init__(self, kernel_size: int) -> None:
+    def __init__(self, kernel_size: int, *, stride: int | None = None, padding: int = 0) -> None:
         self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        self.padding = padding
 
     def out_shape(self, in_shape):
         c, h, w = in_shape
-        return (c, h // self.kernel_size, w // self.kernel_size)
+        k, s, p = self.kernel_size, self.stride, self.padding
+        return (c, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
+
+    def _pool(self, a: Tensor) -> Tensor:
+        return F.max_pool2d(a, self.kernel_size, self.stride, self.padding)
 
     def forward(self, params, a):
         n, b = a.shape[:2]
         sample_major = a.transpose(0, 1)
         if sample_major.is_contiguous():  # a conv's output: pool without a layout copy
-            z = F.max_pool2d(sample_major.reshape(b * n, *a.shape[2:]), self.kernel_size)
+            z = self._pool(sample_major.reshape(b * n, *a.shape[2:]))
             return z.reshape(b, n, *z.shape[1:]).transpose(0, 1)
-        z = F.max_pool2d(a.reshape(n * b, *a.shape[2:]), self.kernel_size)
+        z = self._pool(a.reshape(n * b, *a.shape[2:]))
         return z.reshape(n, b, *z.shape[1:])
 
 

@@ -7,8 +7,8 @@ engine's ``vmap(grad)`` path, so any module torch.func can differentiate works.
 
 :func:`from_module` (what ``--model package.module:Name`` uses) first tries the fast path: an
 ``nn.Sequential`` (nested ones too) of ``Linear``, ``Conv2d`` (square kernel, one group, no
-dilation, zero padding), ``GroupNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` and
-``AvgPool2d`` (stride = kernel), ``AdaptiveAvgPool2d(1)``, ``Flatten`` and ``Identity``, or a
+dilation, zero padding), ``GroupNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (any
+stride and padding, square), ``AvgPool2d`` (stride = kernel), ``AdaptiveAvgPool2d(1)``, ``Flatten`` and ``Identity``, or a
 ``forward`` that ``torch.fx`` traces to a plain chain of them and of ``relu``/``sigmoid``/
 ``tanh``/``max_pool2d(x, k)``/``avg_pool2d(x, k)``/``adaptive_avg_pool2d(x, 1)``/
 ``flatten(x, 1)`` calls, becomes a
@@ -209,11 +209,9 @@ def _as_layer(m: nn.Module) -> Layer | None:
         return Activation(_MODULE_ACTIVATIONS[type(m)])
     if type(m) is nn.MaxPool2d:
         k = _pair(m.kernel_size, "pool")
-        if _pair(m.stride, "pool") != k or _pair(m.padding, "pool") != 0:
-            raise ValueError("pool")
         if _pair(m.dilation, "pool") != 1 or m.ceil_mode or m.return_indices:
             raise ValueError("pool")
-        return MaxPool2d(k)
+        return MaxPool2d(k, stride=_pair(m.stride, "pool"), padding=_pair(m.padding, "pool"))
     if type(m) is nn.AvgPool2d:
         k = _pair(m.kernel_size, "pool")
         if _pair(m.stride, "pool") != k or _pair(m.padding, "pool") != 0:

@@ -19,7 +19,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privdl.models.base import ParamShapes, StackedModel
+from privdl.models.base import (
+    Activation,
+    AvgPool2d,
+    Conv2d,
+    Flatten,
+    GroupNorm,
+    Layer,
+    LayerApply,
+    Linear,
+    MaxPool2d,
+    ParamShapes,
+    StackedModel,
+)
 
 
 class StackedResNet(StackedModel):
@@ -50,6 +62,14 @@ class StackedResNet(StackedModel):
         self._convs: dict[str, tuple[int, int, int, int, int]] = {}  # name -> (out,in,k,stride,pad)
         self._norms: dict[str, int] = {}
         self._plan: list[tuple[str, int, bool]] = []  # (block prefix, stride, has downsample)
+        #: privdl's layer for every parameterised name and the stateless steps: the same
+        #: network as ``forward``, run layer by layer by ``forward_with`` (the ghost path)
+        self._layers: dict[str, Layer] = {
+            "relu": Activation("relu"),
+            "maxpool": MaxPool2d(3, stride=2, padding=1),
+            "avgpool": AvgPool2d(None),
+            "flatten": Flatten(),
+        }
         self._add_conv("conv1", width, c, 7, 2, 3)
         self._add_norm("bn1", width)
         h, w = (h + 6 - 7) // 2 + 1, (w + 6 - 7) // 2 + 1
@@ -72,13 +92,16 @@ class StackedResNet(StackedModel):
                 inplanes = planes
                 h, w = (h + 2 - 3) // stride + 1, (w + 2 - 3) // stride + 1
         self.features = inplanes if avgpool else inplanes * h * w
+        self._layers["fc"] = Linear(self.features, n_classes)
 
     def _add_conv(self, name, out, inp, k, stride, pad):
         self._convs[name] = (out, inp, k, stride, pad)
+        self._layers[name] = Conv2d(inp, out, k, stride=stride, padding=pad, bias=False)
 
     def _add_norm(self, name, channels):
         if self.norm_groups is not None:
             self._norms[name] = channels
+            self._layers[name] = GroupNorm(self.norm_groups, channels)
 
     def param_shapes(self) -> ParamShapes:
         shapes: ParamShapes = {}
@@ -147,3 +170,41 @@ class StackedResNet(StackedModel):
         return torch.baddbmm(
             params["fc.bias"].unsqueeze(1), feats, params["fc.weight"].transpose(1, 2)
         )
+
+    # -- forward layer by layer in (n, B, C, H, W) layout (the ghost path) ----------------------
+    def forward_with(self, params: dict[str, Tensor], x: Tensor, apply: LayerApply) -> Tensor:
+        """``forward`` with every layer run as ``apply(name, layer, its params, input)``; the
+        residual sums are plain tensor sums between layers. Same values as ``forward`` (its
+        one-grouped-convolution layout) up to rounding (tested)."""
+
+        def run(name: str, a: Tensor) -> Tensor:
+            layer = self._layers[name]
+            return apply(name, layer, {k: params[f"{name}.{k}"] for k in layer.param_shapes()}, a)
+
+        def norm(name: str, a: Tensor) -> Tensor:
+            return run(name, a) if name in self._norms else a
+
+        h = run("relu", norm("bn1", run("conv1", x)))
+        h = run("maxpool", h)
+        for prefix, _, down in self._plan:
+            out = run("relu", norm(f"{prefix}.bn1", run(f"{prefix}.conv1", h)))
+            out = norm(f"{prefix}.bn2", run(f"{prefix}.conv2", out))
+            if down:
+                h = norm(f"{prefix}.downsample.1", run(f"{prefix}.downsample.0", h))
+            h = run("relu", out + h)
+        if self.avgpool:
+            h = run("avgpool", h)
+        return run("fc", run("flatten", h))
+
+    def layer_inputs(self) -> list[tuple[str, Layer, tuple[int, ...]]]:
+        """Every layer ``forward_with`` runs, with the per-sample shape of its input, in order
+        (found by running it on shape-only "meta" tensors)."""
+        steps: list[tuple[str, Layer, tuple[int, ...]]] = []
+
+        def record(name: str, layer: Layer, lp: dict[str, Tensor], a: Tensor) -> Tensor:
+            steps.append((name, layer, tuple(a.shape[2:])))
+            return layer.forward(lp, a)
+
+        meta = {k: torch.empty((1, *s), device="meta") for k, s in self.param_shapes().items()}
+        self.forward_with(meta, torch.empty((1, 1, *self.in_shape), device="meta"), record)
+        return steps
