@@ -353,10 +353,6 @@ def run_worker(
         return summary
 
 
-def _no_gossip(t: int) -> Any:
-    raise ConfigError("federated learning has no gossip schedule")
-
-
 def _federated_worker(
     cfg: RunConfig,
     ckpt: dict | None,
@@ -375,13 +371,14 @@ def _federated_worker(
     so rank 0's checkpoint is the whole run's, in the single-process format (resume with any
     number of processes, or ``privdl run --resume``).
     """
+    from privdl.algorithms.federated import no_gossip
     from privdl.federated_runner import build_federated
     from privdl.runner import _loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     comm = DistributedCommunicator(
-        _no_gossip, n_nodes=cfg_nodes(cfg), device=cfg.device, dtype=dtype, timeout_s=timeout_s
+        no_gossip, n_nodes=cfg_nodes(cfg), device=cfg.device, dtype=dtype, timeout_s=timeout_s
     )
     built = build_federated(cfg, comm=comm)
     state = built.init_state(built.initial_params())

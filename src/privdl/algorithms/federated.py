@@ -145,12 +145,13 @@ class FederatedState:
         return self.round
 
 
+def no_gossip(t: int) -> Any:
+    """The schedule of a federated communicator: server rounds only, no mixing matrix."""
+    raise ConfigError("federated learning has no gossip schedule")
+
+
 def federated_communicator(n_clients: int, *, dtype: torch.dtype = torch.float32) -> Communicator:
     """A single-process communicator for server rounds (no gossip schedule)."""
-
-    def no_gossip(t: int) -> Any:
-        raise ConfigError("federated learning has no gossip schedule")
-
     return LocalCommunicator(no_gossip, n_nodes=n_clients, dtype=dtype)
 
 
