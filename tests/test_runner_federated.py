@@ -44,11 +44,25 @@ def _cfg(**kw):
         ({"clients_per_round": 5}, "exceeds the 4 clients"),
         ({"task": "least-squares", "batch_size": 64}, "pick a supervised task"),
         ({"clip_mode": "batch_mean"}, "clips per sample"),
+        ({"clip_mode": "none"}, "contradicts clip"),
+        ({"sampling": "without_replacement"}, "sampling does not apply"),  # the default elsewhere
+        ({"gamma": 0.5}, "gamma does not apply"),
+        ({"block_size": 4}, "block_size does not apply"),
+        ({"compressor": "randk:0.1"}, "compressor does not apply"),
+        ({"adversary": "curious"}, "against the server"),
+        ({"algorithm": "robust-hdp", "clients_per_round": 1}, "at least 2 clients"),
+        ({"algorithm": "robust-hdp", "clients": 1, "budgets": "1"}, "at least 2 clients"),
     ],
 )
 def test_federated_config_refusals(values, msg):
     with pytest.raises(ConfigError, match=msg):
         _cfg(**values)
+
+
+def test_budgets_as_a_list_of_numbers_is_the_comma_list():
+    assert _cfg(budgets=[1, 2, 4.5, 8]).budgets == _cfg(budgets="1.0,2.0,4.5,8.0").budgets
+    with pytest.raises(ConfigError, match="budgets"):
+        _cfg(budgets=[1, "two", 4, 8])
 
 
 def test_federated_options_are_refused_for_decentralized_algorithms():

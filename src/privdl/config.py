@@ -132,6 +132,16 @@ class RunConfig(BaseModel):
             raise ValueError(str(exc)) from None
         return spec
 
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, v: Any) -> Any:
+        """A list of epsilons (Python, TOML) is the comma list the CLI takes."""
+        if isinstance(v, list | tuple) and all(
+            isinstance(e, int | float) and not isinstance(e, bool) for e in v
+        ):
+            return ",".join(repr(float(e)) for e in v)
+        return v
+
     @field_validator("gamma")
     @classmethod
     def _gamma(cls, v: float | None) -> float | None:
@@ -173,6 +183,8 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"invalid config value for {loc!r}: {msg}") from None
     if cfg.clip_mode != "none" and cfg.clip is None:
         raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (--clip C)")
+    if cfg.clip is not None and values.get("clip_mode") == "none":
+        raise ConfigError(f"clip_mode='none' contradicts clip={cfg.clip}: drop one of them")
     if cfg.clip is not None and cfg.clip_mode == "none":
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
@@ -193,9 +205,14 @@ def _refuse_ignored_options(cfg: RunConfig, values: dict[str, Any]) -> None:
     """Options the chosen algorithm or task would silently ignore are errors, named."""
     default = {k: f.default for k, f in RunConfig.model_fields.items()}
     if cfg.algorithm != "decor" and values.get("adversary", default["adversary"]) != "eavesdropper":
+        own = (
+            "the server that sees each client's updates (example-level)"
+            if cfg.algorithm in FEDERATED
+            else "its own (ldp for per-node noise, central for cdp)"
+        )
         raise ConfigError(
             f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
-            "accounted against its own (ldp for per-node noise, central for cdp)"
+            f"accounted against {own}"
         )
     if cfg.task != "least-squares" and cfg.ls_dim != default["ls_dim"]:
         raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
@@ -313,11 +330,19 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
         "noise_backend": "client noise comes from the run's torch generator",
         "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",
         "sampling": "local batches are Poisson samples (what the accountant assumes)",
+        "gamma": "it is PORTER's consensus step",
+        "block_size": "it is PrivSGP-VR's SAGA block",
+        "compressor": "updates are sent uncompressed",
     }
     resolved = {"graph": FEDERATED_GRAPH, "sampling": "poisson"}
     for key, why in foreign.items():
-        given = values.get(key, default[key])
-        if given not in (default[key], resolved.get(key)):
+        # a value given must be the one the run uses: the one it sets itself (so an explicit
+        # sampling=without_replacement, the default elsewhere, is refused too), else the default
+        if key in resolved:
+            foreign_value = key in values and values[key] != resolved[key]
+        else:
+            foreign_value = values.get(key, default[key]) != default[key]
+        if foreign_value:
             raise ConfigError(f"{key} does not apply to {alg} ({why})")
     if cfg.clip_mode == "batch_mean":
         raise ConfigError(f"{alg} clips per sample: use clip_mode per_sample")
@@ -336,11 +361,19 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
             raise ConfigError("fedavg is non-private: drop epsilon, budgets and clip")
     else:
         if eps is None:
-            raise ConfigError(f"{alg} needs each client's budget: --epsilon E or --set budgets=...")
+            raise ConfigError(
+                f"{alg} needs each client's budget: --budgets E1,E2,... (or Dist1..Dist9), "
+                "or --epsilon E for every client"
+            )
         if cfg.clip is None:
             raise ConfigError(f"{alg} needs a clipping threshold (--clip C; the paper uses 3)")
     if cfg.clients_per_round is not None and cfg.clients_per_round > n:
         raise ConfigError(f"clients_per_round={cfg.clients_per_round} exceeds the {n} clients")
+    if alg == "robust-hdp" and min(n, cfg.clients_per_round or n) < 2:
+        raise ConfigError(
+            "robust-hdp estimates each client's noise from the others' updates: it needs at "
+            "least 2 clients in every round (clients and clients_per_round >= 2)"
+        )
     return cfg.model_copy(update={**resolved, "clients": n, "mixing": None})
 
 

@@ -192,8 +192,8 @@ def _setup(job: _Job, held: ExitStack) -> tuple[RunConfig, dict | None, str | No
     returns (cfg, checkpoint, error)."""
     from privdl.runner import build
 
-    records = RunRecords(job.out_dir)
     try:
+        records = RunRecords(job.out_dir)
         if job.resume:
             records.config()  # refuses a directory that holds no run, before locking it
             held.enter_context(records.exclusive())

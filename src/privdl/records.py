@@ -86,6 +86,8 @@ class RunRecords:
 
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise PrivdlError(f"{self.dir} is a file, not a run directory: choose another --out")
 
     @property
     def metrics_path(self) -> Path:
@@ -145,7 +147,9 @@ class RunRecords:
         p = self.dir / "config.json"
         if not p.is_file():
             raise PrivdlError(f"{self.dir} is not a privdl run directory (no config.json)")
-        values = json.loads(p.read_text())
+        values = _read_json(p)
+        if not isinstance(values, dict):
+            raise PrivdlError(f"{p} is corrupt (not a JSON object); the run cannot be resumed")
         # runs saved before the field existed drew ChaCha20 streams: resume them with those
         values.setdefault("noise_backend", "chacha20")
         return values
@@ -175,7 +179,19 @@ class RunRecords:
 
         if not self.checkpoint_path.exists():
             return None
-        return torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        try:
+            ckpt = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one clear line
+            raise PrivdlError(
+                f"{self.checkpoint_path} is corrupt ({type(exc).__name__}); delete it to restart "
+                "the run from step 0"
+            ) from None
+        if not isinstance(ckpt, dict) or "t" not in ckpt:
+            raise PrivdlError(
+                f"{self.checkpoint_path} is not a privdl checkpoint; delete it to restart the run "
+                "from step 0"
+            )
+        return ckpt
 
     def finish(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.summary_path, summary)
@@ -183,4 +199,18 @@ class RunRecords:
     def summary(self) -> dict[str, Any] | None:
         if not self.summary_path.exists():
             return None
-        return json.loads(self.summary_path.read_text())
+        return _read_json(self.summary_path)
+
+
+def _read_json(path: Path) -> Any:
+    """A record file's JSON; a corrupt one is a one-line :class:`PrivdlError`."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PrivdlError(f"{path} is corrupt ({exc.__class__.__name__}: {exc})") from None
+
+
+def seed_run_dirs(parent: str | Path) -> list[Path]:
+    """The runs ``--seeds`` wrote into ``parent`` (``seed-K`` with a config), in seed order."""
+    found = Path(parent).glob("seed-*/config.json")
+    return [p.parent for p in sorted(found, key=lambda p: (len(p.parent.name), p))]

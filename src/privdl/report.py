@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privdl.errors import PrivdlError
-from privdl.records import RunRecords
+from privdl.records import RunRecords, seed_run_dirs
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
 SEED_KEYS = ("seed", "data_seed")
@@ -55,8 +55,13 @@ def privacy_text(priv: dict[str, Any] | None) -> str:
 
 
 def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """The records of each run in ``dirs``; a directory ``--seeds`` wrote stands for its runs."""
     runs = []
+    expanded: list[str | Path] = []
     for d in dirs:
+        repeats = [] if (Path(d) / "config.json").is_file() else seed_run_dirs(d)
+        expanded.extend(repeats or [d])
+    for d in expanded:
         rec = RunRecords(d)
         cfg = rec.config()
         rows = list(rec.rows())

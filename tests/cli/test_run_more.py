@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -105,6 +106,45 @@ def test_resume_from_the_cli(tmp_path, capsys):
     assert summary["final"]["optimality_gap"] == full["final"]["optimality_gap"]
 
 
+def test_bad_resumes_and_outputs_are_one_line(tmp_path, capsys):
+    """Options beside --resume (silently ignored before), --seeds under launch, --out naming a
+    file, corrupt records: one line, exit 2, nothing written."""
+    from privdl.runner import train
+
+    run = tmp_path / "run"
+    cfg = {"algorithm": "ldp", "task": "least-squares", "graph": "ring:4", "steps": 4,
+           "eval_every": 2, "clip": 1.0, "sigma": 0.5}  # fmt: skip
+    train(cfg, run, progress=False, stop_after=2)
+    before = sorted(p.name for p in run.iterdir())
+    file_out = tmp_path / "a-file"
+    file_out.write_text("x")
+    cases = [
+        (["run", "--resume", str(run), "--steps", "10", "--lr", "1"], "drop --steps, --lr"),
+        (["run", "dsgd", "--resume", str(run)], "drop the algorithm 'dsgd'"),
+        (["launch", "--resume", str(run), "--sigma", "1"], "drop --sigma"),
+        (["launch", "ldp", "--graph", "ring:4", "--seeds", "1,2", "--out", str(tmp_path / "s")],
+         "launch runs one seed"),
+        (["run", "dsgd", "--task", "least-squares", "--graph", "ring:4", "--out", str(file_out)],
+         "is a file, not a run directory"),
+        (["launch", "dsgd", "--task", "least-squares", "--graph", "ring:4", "--out", str(file_out)],
+         "is a file, not a run directory"),
+    ]  # fmt: skip
+    for argv, msg in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("error:") and msg in err, (argv, err)
+    assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / "s").exists()
+    for name, junk, msg in (("checkpoint.pt", b"garbage", "checkpoint.pt is corrupt"),
+                            ("config.json", b"{bad", "config.json is corrupt")):  # fmt: skip
+        bad = tmp_path / f"bad-{name}"
+        shutil.copytree(run, bad)
+        (bad / name).write_bytes(junk)
+        assert main(["run", "--resume", str(bad), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and msg in err, err
+    assert main(["run", "--resume", str(run), "--no-progress"]) == 0  # the run itself is fine
+
+
 def test_seeds_repeat_a_run_and_report_mean_and_std(tmp_path, capsys):
     out = tmp_path / "rep"
     argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1-2,4"]
@@ -118,6 +158,9 @@ def test_seeds_repeat_a_run_and_report_mean_and_std(tmp_path, capsys):
     mean, std = float(np.mean(gaps)), float(np.std(gaps, ddof=1))
     assert f"{mean:.4g} ± {std:.2g}" in text and "| 3 |" in text
     assert (out / "report.md").exists()
+    # privdl report takes the sweep's directory for its seed runs
+    assert main(["report", str(out), "--out", str(tmp_path / "again")]) == 0
+    assert f"{mean:.4g} ± {std:.2g}" in (tmp_path / "again" / "report.md").read_text()
 
 
 def test_resume_of_a_seed_sweep_continues_each_cut_off_run(tmp_path, capsys):

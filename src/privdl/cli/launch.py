@@ -21,11 +21,12 @@ from pathlib import Path
 
 import click
 
-from privdl.cli.run import _FLAGS, _parse_set
+from privdl.cli.run import _FLAGS, _parse_set, refuse_options_with_resume
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
 from privdl.config import FEDERATED, load_config_file, make_config
 from privdl.errors import ConfigError, PrivdlError, ReportedError
+from privdl.records import RunRecords
 
 _OWN = (
     click.Option(["--nproc"], type=int, default=2, show_default=True, help="Processes to start."),
@@ -157,8 +158,14 @@ def _launch(
     """Train ALGORITHM on --nproc local processes (or as one rank under torchrun)."""
     if timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {timeout}")
+    if flags.pop("seeds", None):
+        raise ConfigError(
+            "privdl launch runs one seed (--seed); repeat over seeds with privdl run --seeds, or "
+            "launch each seed into its own --out"
+        )
     job: dict = {"resume": bool(resume_dir), "overwrite": overwrite, "timeout": timeout}
     if resume_dir:
+        refuse_options_with_resume(algorithm, config_file, sets, out, None, overwrite, flags)
         out_dir = Path(resume_dir)
         if not (out_dir / "config.json").is_file():
             raise PrivdlError(f"{out_dir} is not a privdl run directory (no config.json)")
@@ -174,6 +181,7 @@ def _launch(
         cfg = make_config(values)
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
+    RunRecords(out_dir)  # --out naming a file: one line here, before any rank starts
     job["out"] = str(out_dir)
     job["progress"] = progress
     if _in_torchrun():

@@ -139,17 +139,16 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     dpfedavg (the Robust-HDP paper's baseline: example-level DP-SGD on each client), mineps,
     fedavg.
     """
+    from privdl.records import seed_run_dirs
     from privdl.runner import resume, train
 
     if resume_dir:
-        repeats = sorted(
-            Path(resume_dir).glob("seed-*/config.json"), key=lambda p: (len(p.parent.name), p)
-        )
-        if (Path(resume_dir) / "config.json").is_file() or not repeats:
+        refuse_options_with_resume(algorithm, config_file, sets, out, seeds, overwrite, flags)
+        dirs = seed_run_dirs(resume_dir)
+        if (Path(resume_dir) / "config.json").is_file() or not dirs:
             summary = resume(resume_dir, progress=progress)
             _print_summary(summary, Path(resume_dir))
             return
-        dirs = [p.parent for p in repeats]
         for d in dirs:
             resume(d, progress=progress)
         _print_repeats(dirs, Path(resume_dir))
@@ -175,6 +174,23 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
         train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
         dirs.append(d)
     _print_repeats(dirs, out_dir)
+
+
+def refuse_options_with_resume(
+    algorithm, config_file, sets, out, seeds, overwrite, flags: dict
+) -> None:
+    """``--resume DIR`` continues the run as it was configured: any other run option would be
+    silently ignored, so it is an error, named."""
+    given = [f"--{f.replace('_', '-')}" for f in _FLAGS if flags.get(f) is not None]
+    given += [name for name, v in (("--config", config_file), ("--set", sets), ("--out", out),
+              ("--seeds", seeds), ("--overwrite", overwrite)) if v]  # fmt: skip
+    if algorithm:
+        given.insert(0, f"the algorithm {algorithm!r}")
+    if given:
+        raise ConfigError(
+            f"--resume continues a run with its saved config; drop {', '.join(given)} "
+            "(or start a new run with --out)"
+        )
 
 
 def parse_seeds(text: str) -> list[int]:
