@@ -167,3 +167,14 @@ def test_printed_noise_multiplier_span():
 
     assert _span([0.77161, 0.77164, 0.77158]) == "0.7716"  # equal to the 4 digits shown
     assert _span([1.05, 0.5038, 0.7]) == "0.5038..1.05"
+
+
+def test_report_labels_name_budgets_and_participation():
+    from privdl.report import run_label
+
+    base = {"algorithm": "weiavg", "graph": FEDERATED_GRAPH, "clients": 4}
+    assert run_label({**base, "budgets": "1,2"}) == "weiavg / 4 clients, budgets 1,2"
+    assert run_label({**base, "epsilon": 3.0, "clients_per_round": 2}) == (
+        "weiavg / 4 clients, eps 3 each, 2 a round"
+    )
+    assert run_label({**base, "epsilon": 3.0}) != run_label({**base, "epsilon": 1.0})

@@ -32,10 +32,15 @@ def run_label(cfg: dict[str, Any]) -> str:
     if cfg.get("label"):
         return str(cfg["label"])
     graph = "complete (W=J)" if cfg.get("algorithm") == "cdp" else cfg.get("graph", "?")
-    if graph == "server":  # a federated run
-        graph = f"{cfg.get('clients', '?')} clients" + (
-            f", budgets {cfg['budgets']}" if cfg.get("budgets") else ""
-        )
+    if graph == "server":  # a federated run: clients, budgets, participation
+        parts = [f"{cfg.get('clients', '?')} clients"]
+        if cfg.get("budgets"):
+            parts.append(f"budgets {cfg['budgets']}")
+        elif cfg.get("epsilon") is not None:
+            parts.append(f"eps {cfg['epsilon']:g} each")
+        if cfg.get("clients_per_round"):
+            parts.append(f"{cfg['clients_per_round']} a round")
+        graph = ", ".join(parts)
     return f"{cfg.get('algorithm', '?')} / {graph}"
 
 
