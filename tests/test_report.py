@@ -50,6 +50,20 @@ def test_repeats_are_merged_into_mean_and_sample_std(tmp_path):
     assert len(per_run.splitlines()) == 2 + 4 and "±" not in per_run
 
 
+def test_runs_sharing_a_seed_are_not_averaged_as_repeats(tmp_path):
+    """The same seed twice (one run launched on 2 processes and once on one, say) is not two
+    independent draws: the second run with that seed starts its own row."""
+    dirs = [
+        _fake_run(tmp_path / "a", seed=1, accuracy=0.70),
+        _fake_run(tmp_path / "b", seed=2, accuracy=0.80),
+        _fake_run(tmp_path / "a-again", seed=1, accuracy=0.70),
+    ]
+    table = markdown_table(load_runs(dirs))
+    assert len(table.splitlines()) == 2 + 2
+    assert _cell(table, 0, "seeds") == "2" and _cell(table, 1, "seeds") == "1"
+    assert _cell(table, 0, "test accuracy") == f"{0.75:.4g} ± {np.std([0.7, 0.8], ddof=1):.2g}"
+
+
 def test_repeats_report_the_largest_budget_and_partial_completion(tmp_path):
     dirs = [
         _fake_run(tmp_path / "a", seed=1, accuracy=0.7, eps=1.0),

@@ -77,12 +77,24 @@ def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
 
 
 def group_repeats(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Runs grouped by their config without :data:`SEED_KEYS`, in first-seen order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    """Runs grouped by their config without :data:`SEED_KEYS`, in first-seen order. Runs with
+    the same seeds are not independent repeats (say one run launched on 2 processes and once on
+    one): the second with a seed already in its group starts another group."""
+    groups: dict[str, list[list[dict[str, Any]]]] = {}
     for r in runs:
         key = {k: v for k, v in r["config"].items() if k not in SEED_KEYS}
-        groups.setdefault(json.dumps(key, sort_keys=True, default=str), []).append(r)
-    return list(groups.values())
+        seeds = tuple(r["config"].get(k) for k in SEED_KEYS)
+        lists = groups.setdefault(json.dumps(key, sort_keys=True, default=str), [])
+        home = next((g for g in lists if seeds not in {_seeds(x) for x in g}), None)
+        if home is None:
+            lists.append([r])
+        else:
+            home.append(r)
+    return [g for lists in groups.values() for g in lists]
+
+
+def _seeds(run: dict[str, Any]) -> tuple:
+    return tuple(run["config"].get(k) for k in SEED_KEYS)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
