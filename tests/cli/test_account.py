@@ -314,3 +314,34 @@ def test_collusion_limit_needs_force(capsys):
     assert main(argv) == 2
     assert "force" in capsys.readouterr().err
     assert run_json(capsys, [*argv, "--force"])["step_rdp"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["account", "dpsgd", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--steps",
+          "10", "--delta", "1e-5", "--sampling", "fixed_size", "--neighbouring", "replace_one",
+          "--dataset-size", "0"], "--dataset-size"),
+        (["account", "dpsgd", "--noise-multiplier", "1e-9", "--sampling-rate", "0.01", "--steps",
+          "10", "--delta", "1e-5", "--accountant", "pld"], "use the rdp accountant"),
+        (["calibrate", "dpsgd", "--epsilon", "1000", "--delta", "1e-5", "--sampling-rate", "0.01",
+          "--steps", "100", "--accountant", "pld"], "does not constrain the noise"),
+        (["calibrate", "dpsgd", "--epsilon", "inf", "--delta", "1e-5", "--sampling-rate", "0.01",
+          "--steps", "100", "--json"], "finite"),
+        (["calibrate", "decor", "--graph", "ring:8", "--delta", "1e-5", "--steps", "100",
+          "--epsilon", "1", "--rtol", "0"], "--rtol"),
+        (["calibrate", "decor", "--graph", "ring:8", "--delta", "1e-5", "--steps", "0",
+          "--epsilon", "1"], "--steps"),
+        (["plan", "privsgp", "--gradient-bound", "1", "--local-samples", "100", "--epsilon", "1",
+          "--delta", "1e-5", "--A", "1", "--nodes", "0", "--smoothness", "1", "--dim", "10"],
+         "--nodes"),
+        (["plan", "robust-hdp", "--epsilon", "1", "--delta", "1e-5", "--batch-size", "16",
+          "--dataset-size", "100", "--rounds", "0"], "--rounds"),
+    ],
+)  # fmt: skip
+def test_degenerate_accounting_input_is_one_line_not_a_crash_or_a_hang(capsys, argv, msg):
+    """Found by a QA pass: these crashed (division by zero, a 38 GiB PLD), hung (rtol 0, a PLD
+    search walking to z = 1e-3) or printed Infinity as JSON."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and err.count("\n") == 0 and msg in err, err

@@ -57,6 +57,8 @@ class SubsampledGaussianEvent:
             raise PrivacyError("sampling 'none' needs sampling_rate = 1")
         if self.sampling == "fixed_size" and self.dataset_size is None:
             raise PrivacyError("fixed-size sampling needs the dataset size (records per node)")
+        if self.dataset_size is not None and not self.dataset_size >= 1:
+            raise PrivacyError(f"dataset size must be a positive integer, got {self.dataset_size}")
 
     @property
     def batch_size(self) -> int | None:

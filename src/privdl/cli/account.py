@@ -76,7 +76,7 @@ def account() -> None:
 @click.option("--sigma-cdp", type=float, required=True, help="Std of the independent noise.")
 @click.option("--sigma-cor", type=float, required=True, help="Std of the correlated noise.")
 @click.option("--clip", type=float, default=1.0, show_default=True, help="Clipping threshold C.")
-@click.option("--steps", type=int, required=True, help="Number of iterations T.")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Number of iterations T.")
 @click.option("--delta", type=float, required=True)
 @click.option(
     "--adversary",
@@ -161,7 +161,7 @@ def account_decor_cmd(
 @account.command("dpsgd")
 @click.option("--noise-multiplier", type=float, required=True)
 @click.option("--sampling-rate", type=float, required=True)
-@click.option("--steps", type=int, required=True)
+@click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--delta", type=float, required=True)
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
 @click.option(
@@ -176,7 +176,12 @@ def account_decor_cmd(
     default="add_remove",
     show_default=True,
 )
-@click.option("--dataset-size", type=int, default=None, help="Needed for fixed_size sampling.")
+@click.option(
+    "--dataset-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Needed for fixed_size sampling.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def account_dpsgd_cmd(
     noise_multiplier: float,
@@ -222,7 +227,7 @@ def calibrate() -> None:
 @click.option("--graph", "graph_spec", required=True)
 @click.option("--epsilon", type=float, required=True)
 @click.option("--delta", type=float, required=True)
-@click.option("--steps", type=int, required=True)
+@click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--clip", type=float, default=1.0, show_default=True)
 @click.option(
     "--sigma-cdp",
@@ -237,7 +242,9 @@ def calibrate() -> None:
     default="classic",
     show_default=True,
 )
-@click.option("--rtol", type=float, default=1e-6, show_default=True)
+@click.option(
+    "--rtol", type=click.FloatRange(min=0, max=0.5, min_open=True), default=1e-6, show_default=True
+)
 @click.option("--max-subsets", type=int, default=100_000, show_default=True)
 @click.option("--force", is_flag=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -287,7 +294,7 @@ def calibrate_decor_cmd(
 @click.option("--epsilon", type=float, required=True)
 @click.option("--delta", type=float, required=True)
 @click.option("--sampling-rate", type=float, required=True)
-@click.option("--steps", type=int, required=True)
+@click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def calibrate_dpsgd_cmd(
@@ -329,15 +336,23 @@ def plan() -> None:
 
 @plan.command("privsgp")
 @click.option("--gradient-bound", "G", type=float, required=True, help="G (sensitivity 3G).")
-@click.option("--steps", type=int, default=None, help="K; omit to use Corollary 1's K*.")
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=None, help="K; omit to use Corollary 1's K*."
+)
 @click.option("--local-samples", "J", type=int, required=True)
 @click.option("--epsilon", type=float, required=True)
 @click.option("--delta", type=float, required=True)
 @click.option("--c2", type=float, default=1.0, show_default=True)
-@click.option("--A", "A", type=float, default=None, help="Cor 1 constant A (for K*).")
-@click.option("--nodes", type=int, default=None)
-@click.option("--smoothness", type=float, default=None)
-@click.option("--dim", type=int, default=None)
+@click.option(
+    "--A",
+    "A",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Cor 1 constant A (for K*).",
+)
+@click.option("--nodes", type=click.IntRange(min=1), default=None)
+@click.option("--smoothness", type=click.FloatRange(min=0, min_open=True), default=None)
+@click.option("--dim", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True)
 def plan_privsgp_cmd(
     G: float,
@@ -380,12 +395,12 @@ def plan_privsgp_cmd(
 
 @plan.command("porter")
 @click.option("--tau", type=float, required=True, help="Clipping threshold.")
-@click.option("--steps", type=int, required=True)
+@click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--local-samples", "m", type=int, required=True)
 @click.option("--epsilon", type=float, required=True)
 @click.option("--delta", type=float, required=True)
 @click.option("--c", type=float, default=1.0, show_default=True)
-@click.option("--dim", type=int, default=None)
+@click.option("--dim", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True)
 def plan_porter_cmd(
     tau: float,
@@ -410,9 +425,9 @@ def plan_porter_cmd(
 @click.option("--epsilon", type=float, required=True)
 @click.option("--delta", type=float, required=True)
 @click.option("--batch-size", type=int, required=True)
-@click.option("--dataset-size", type=int, required=True)
-@click.option("--local-epochs", type=int, default=1, show_default=True)
-@click.option("--rounds", type=int, default=200, show_default=True)
+@click.option("--dataset-size", type=click.IntRange(min=1), required=True)
+@click.option("--local-epochs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--no-round", is_flag=True, help="Do not round z to 2 decimals.")
 @click.option("--json", "as_json", is_flag=True)
 def plan_robust_hdp_cmd(
