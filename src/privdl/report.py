@@ -83,9 +83,8 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     groups: dict[str, list[list[dict[str, Any]]]] = {}
     for r in runs:
         key = {k: v for k, v in r["config"].items() if k not in SEED_KEYS}
-        seeds = tuple(r["config"].get(k) for k in SEED_KEYS)
         lists = groups.setdefault(json.dumps(key, sort_keys=True, default=str), [])
-        home = next((g for g in lists if seeds not in {_seeds(x) for x in g}), None)
+        home = next((g for g in lists if _seeds(r) not in {_seeds(x) for x in g}), None)
         if home is None:
             lists.append([r])
         else:
