@@ -87,3 +87,25 @@ def test_corollary3_theory_calibration_is_private():
             <= compose_convert(bound, steps=steps, delta=delta)
             <= eps
         )
+
+
+def test_default_sigma_cdp_capped_at_ldp_level_warns_and_is_labelled():
+    """Two colluders on a ring cut a node off: the default calibration is LDP noise. It said
+    nothing (a DECOR run against collusion:2 on a ring silently added no correlated noise)."""
+    from privdl.accounting import PrivacyWarning
+
+    kw = dict(epsilon=5.0, delta=1e-5, steps=100)
+    lo, hi = sigma_cdp_range(RING, adversary="collusion:2", **kw)
+    assert lo == pytest.approx(hi, rel=1e-9)  # the oracle: no correlated noise can help
+    with pytest.warns(PrivacyWarning, match="not 3-connected"):
+        res = calibrate_sigma_cor(RING, adversary="collusion:2", **kw)
+    assert res.sigma_cor == 0.0 and res.sigma_cdp == pytest.approx(hi, rel=1e-8)
+    budget = res.to_dict()["budget"]
+    assert budget["threat_model"] == "collusion:2" and budget["unit"] == "user"
+    assert budget["epsilon"] == res.epsilon_achieved <= 5.0
+    import warnings
+
+    with warnings.catch_warnings():  # the eavesdropper on the same ring: correlated noise helps
+        warnings.simplefilter("error", PrivacyWarning)
+        assert calibrate_sigma_cor(RING, **kw).sigma_cor > 0
+        calibrate_sigma_cor(RING, adversary="ldp", **kw)  # asked for LDP: nothing to warn about

@@ -67,33 +67,47 @@ def test_account_decor_curious_and_table(capsys):
     assert "epsilon" in capsys.readouterr().out
 
 
+DECOR_EXAMPLE_LEGACY = [
+    "account",
+    "decor",
+    "--graph",
+    "ring:16",
+    "--sigma-cdp",
+    "0.005",
+    "--sigma-cor",
+    "0.1",
+    "--steps",
+    "1000",
+    "--delta",
+    "1e-5",
+    "--sampling-rate",
+    str(64 / 3750),
+    "--batch-size",
+    "64",
+    "--conversion",
+    "legacy-uncomposed",
+    "--json",
+]
+
+
 def test_account_decor_example_level(capsys):
-    out = run_json(
-        capsys,
-        [
-            "account",
-            "decor",
-            "--graph",
-            "ring:16",
-            "--sigma-cdp",
-            "0.005",
-            "--sigma-cor",
-            "0.1",
-            "--steps",
-            "1000",
-            "--delta",
-            "1e-5",
-            "--sampling-rate",
-            str(64 / 3750),
-            "--batch-size",
-            "64",
-            "--conversion",
-            "legacy-uncomposed",
-            "--json",
-        ],
-    )
+    out = run_json(capsys, DECOR_EXAMPLE_LEGACY)
     assert out["epsilon"] == pytest.approx(0.00758, abs=1e-5)
     assert out["budget"]["nominal"] is True
+    # The readable table flags the number itself, not only the label row.
+    argv = [a for a in DECOR_EXAMPLE_LEGACY if a != "--json"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    flat = " ".join(text.replace("│", " ").split())  # rows wrap at the terminal's width
+    assert "epsilon 0.00758" in flat and "NOMINAL: not an (epsilon, delta) guarantee" in flat
+    assert "NOT a DP guarantee" in flat
+
+
+def test_account_decor_batch_size_without_sampling_rate_is_refused(capsys):
+    """A batch size alone was ignored (user-level numbers printed as if it was not given)."""
+    assert main([*DECOR, "--batch-size", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "sampling rate" in err, err
 
 
 def test_account_dpsgd(capsys):

@@ -198,3 +198,16 @@ def test_a_reproduction_directory_has_one_writer(tmp_path, capsys):
         assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 2
     assert "being written by another privdl process" in capsys.readouterr().err
     assert not (out / "report.md").exists()
+
+
+def test_decor_against_colluders_that_cut_a_node_off_warns_in_one_line(tmp_path, capsys):
+    """DECOR against collusion:2 on a ring calibrates to LDP noise; the run said nothing."""
+    argv = ["run", "decor", "--graph", "ring:6", "--adversary", "collusion:2", "--epsilon", "5",
+            "--delta", "1e-5", *TINY, "--out", str(tmp_path / "d")]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["config"]["sigma_cor"] == 0.0
+    err = capsys.readouterr().err.splitlines()
+    warned = [line for line in err if "cut a node off" in line]
+    assert warned and all(line.startswith("warning: ") for line in warned), err
+    assert not any("warnings.warn" in line for line in err), err  # not Python's two-line form

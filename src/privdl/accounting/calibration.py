@@ -14,14 +14,17 @@ level sigma_ldp/sqrt(n) on a connected graph with q = 0).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import networkx as nx
 
+from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.conversion import compose_convert, step_rdp_for_epsilon
 from privdl.accounting.secrdp import (
     MAX_SUBSETS,
+    PrivacyWarning,
     cdp_limit_step_rdp,
     decor_step_rdp,
     parse_adversary,
@@ -46,9 +49,22 @@ class DecorCalibration:
     adversary: str
     conversion: str
 
+    @property
+    def budget(self) -> PrivacyBudget:
+        """The achieved guarantee, labelled (user level, sensitivity 2C per step)."""
+        return PrivacyBudget(
+            epsilon=self.epsilon_achieved,
+            delta=self.delta,
+            accountant=f"secrdp+{self.conversion}",
+            neighbouring="replace_one",
+            unit="user",
+            threat_model=self.adversary,
+            notes="user-level, sensitivity 2C per step",
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict with the labelled ``budget`` and its ``label``."""
+        return {**asdict(self), "budget": self.budget.to_dict(), "label": self.budget.label()}
 
 
 def sigma_cdp_range(
@@ -123,6 +139,18 @@ def calibrate_sigma_cor(
     )
     if sigma_cdp is None:
         sigma_cdp = min(hi_cdp * (1 + 1e-9), DEFAULT_SIGMA_CDP_FACTOR * lo_cdp)
+        if DEFAULT_SIGMA_CDP_FACTOR * lo_cdp >= hi_cdp and adv.kind != "ldp":
+            why = (
+                f"{adv.label} can cut a node off from the others (the graph is not "
+                f"{adv.q + 1}-connected)"
+                if lo_cdp >= hi_cdp * (1 - 1e-9)
+                else f"sigma_cdp_min is {lo_cdp / hi_cdp:.3g} x the LDP level against {adv.label}"
+            )
+            warnings.warn(
+                f"{why}: DECOR adds the LDP noise and no correlated noise (sigma_cor = 0)",
+                PrivacyWarning,
+                stacklevel=2,
+            )
     rho = step_rdp_for_epsilon(epsilon, steps=steps, delta=delta, conversion=conversion)
 
     def step(c: float) -> float:

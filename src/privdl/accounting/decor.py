@@ -116,6 +116,10 @@ def account_decor(
         raise PrivacyError(f"steps must be a positive integer, got {steps}")
     adv = parse_adversary(adversary)
     example_level = sampling_rate is not None
+    if batch_size is not None and not example_level:
+        raise PrivacyError(
+            "a batch size is example-level accounting: give the sampling rate b/m with it"
+        )
     if example_level:
         if batch_size is None or batch_size < 1:
             raise PrivacyError("example-level accounting needs --batch-size B >= 1")

@@ -32,12 +32,17 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
     table = Table(title=title, show_header=True)
     table.add_column("quantity")
     table.add_column("value")
+    budget = obj.get("budget") if isinstance(obj.get("budget"), dict) else {}
     for key, value in obj.items():
         if isinstance(value, dict):
             continue
         if isinstance(value, float):
             value = f"{value:.6g}"
+        if key == "epsilon" and budget.get("nominal"):
+            value = f"{value} NOMINAL: not an (epsilon, delta) guarantee"
         table.add_row(str(key), str(value))
+    if budget.get("notes"):
+        table.add_row("notes", str(budget["notes"]))
     Console().print(table)
 
 
@@ -286,7 +291,11 @@ def calibrate_decor_cmd(
         )
     )
     rule = "given" if sigma_cdp is not None else "default: sqrt(2) x sigma_cdp_min"
+    if sigma_cdp is None and result.sigma_cdp >= result.sigma_cdp_max:
+        rule += ", capped at the LDP level sigma_cdp_max"
     out = {**result.to_dict(), "sigma_cdp_rule": rule, "graph": graph_spec, "warnings": warns}
+    for w in warns:
+        click.echo(f"warning: {w}", err=True)
     _emit(out, as_json, "DECOR calibration")
 
 

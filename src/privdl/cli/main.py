@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
+from typing import Any
 
 import click
 
@@ -56,6 +58,17 @@ def _attach() -> None:
 _attach()
 
 
+def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """privdl's own warnings (privacy weaker than asked, RPCA not converged) as one line."""
+    if category.__module__.startswith("privdl"):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, *args, **kwargs)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
     tune_allocator()  # step-sized tensors are reused, not faulted in anew every step
@@ -64,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if debug:  # accepted anywhere on the line, not only before the sub-command
         args = ["--debug", *[a for a in args if a != "--debug"]]
     try:
-        cli.main(args=args, prog_name="privdl", standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            cli.main(args=args, prog_name="privdl", standalone_mode=False)
     except ReportedError:
         return 2
     except PrivdlError as exc:
