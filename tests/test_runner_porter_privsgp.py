@@ -62,7 +62,7 @@ def test_porter_defaults_and_gc_refusals():
     assert make_config({**LS, "algorithm": "porter-dp", "compressor": "random:0.1"}).compressor == (
         "randk:0.1"
     )
-    with pytest.raises(ConfigError, match="no epsilon"):
+    with pytest.raises(ConfigError, match="porter-gc is non-private"):
         build(make_config({**LS, "algorithm": "porter-gc", "epsilon": 1.0}))
     with pytest.raises(ConfigError, match="no noise"):
         build(make_config({**LS, "algorithm": "porter-gc", "sigma": 0.1}))

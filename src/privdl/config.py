@@ -64,8 +64,8 @@ class RunConfig(BaseModel):
     sigma_cor: float = 0.0
     weight_decay: float = 0.0
     partition: str = "iid"
-    seed: int = 0
-    data_seed: int = 1
+    seed: int = Field(default=0, ge=0)
+    data_seed: int = Field(default=1, ge=0)
     eval_every: int = Field(default=50, ge=1)
     device: str = "cpu"
     dtype: Literal["float32", "float64"] = "float32"
@@ -214,6 +214,25 @@ def _refuse_ignored_options(cfg: RunConfig, values: dict[str, Any]) -> None:
             f"adversary applies to decor (its SecLDP threat models); {cfg.algorithm} is "
             f"accounted against {own}"
         )
+    if cfg.algorithm in ("dsgd", "porter-gc"):
+        given = [k for k in ("epsilon", "delta") if values.get(k) is not None]
+        if given:
+            raise ConfigError(
+                f"{cfg.algorithm} is non-private: drop {' and '.join(given)} (ldp, decor, cdp, "
+                "porter-dp, privsgp and privsgp-vr take a privacy target)"
+            )
+    if cfg.algorithm in PRIVSGP:
+        given = [k for k in ("batch_size", "sampling") if k in values and values[k] != default[k]]
+        if given:
+            raise ConfigError(
+                f"{cfg.algorithm} draws one table entry of block_size samples per node and step "
+                f"(Algorithm 1): drop {', '.join(given)}, or set block_size"
+            )
+    # (runs saved before this check recorded the then-default "metropolis" for expo: resumable)
+    if values.get("mixing") not in (None, "metropolis") and cfg.graph.strip().lower().startswith(
+        "expo:"
+    ):
+        raise ConfigError(f"graph {cfg.graph!r} has its own push-sum weights: drop mixing")
     if cfg.task != "least-squares" and cfg.ls_dim != default["ls_dim"]:
         raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
     ignored = [
@@ -248,7 +267,7 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
     if privsgp and cfg.clip_mode == "batch_mean":
         raise ConfigError(f"{cfg.algorithm} clips per sample: use clip_mode per_sample")
     updates: dict[str, Any] = {}
-    if cfg.mixing is None:
+    if cfg.mixing is None and not cfg.graph.strip().lower().startswith("expo:"):
         updates["mixing"] = "metropolis"
         if porter:
             from privdl.topology import parse_topology
@@ -386,4 +405,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
-    return dict(data.get("run", data))
+    if "run" in data and isinstance(data["run"], dict):
+        outside = sorted(k for k in data if k != "run")
+        if outside:
+            raise ConfigError(
+                f"config file {str(p)!r} has keys outside its [run] table ({', '.join(outside)}): "
+                "put every key in [run], or drop the table header"
+            )
+        return dict(data["run"])
+    return dict(data)

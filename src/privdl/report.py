@@ -210,6 +210,12 @@ def make_report(dirs: list[str | Path], out: str | Path, *, group: bool = True) 
 def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = True) -> Path:
     """:func:`make_report` for runs already loaded (:func:`load_runs`)."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PrivdlError(f"report --out {str(out)!r} is a file, not a directory")
+    if (out / "config.json").is_file() and (out / "metrics.jsonl").exists():
+        raise PrivdlError(
+            f"report --out {str(out)!r} is a run's directory: write the report elsewhere"
+        )
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_runs(runs, out, group=group)
     body = ["# privdl report", "", markdown_table(runs, group=group), ""]

@@ -211,3 +211,52 @@ def test_decor_against_colluders_that_cut_a_node_off_warns_in_one_line(tmp_path,
     warned = [line for line in err if "cut a node off" in line]
     assert warned and all(line.startswith("warning: ") for line in warned), err
     assert not any("warnings.warn" in line for line in err), err  # not Python's two-line form
+
+
+LS = ["--task", "least-squares", "--graph", "ring:8", "--steps", "5"]
+
+
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["run", "dsgd", *LS, "--epsilon", "1"], "non-private: drop epsilon"),
+        (["run", "dsgd", *LS, "--delta", "1e-6"], "non-private: drop delta"),
+        (["run", "porter-gc", *LS, "--clip", "1", "--epsilon", "1", "--delta", "1e-5"],
+         "non-private"),
+        (["run", "privsgp-vr", "--graph", "expo:8", "--clip", "1", "--sigma", "1", "--steps", "2",
+          "--batch-size", "7"], "drop batch_size"),
+        (["run", "privsgp", "--graph", "expo:8", "--clip", "1", "--sigma", "1", "--steps", "2",
+          "--sampling", "poisson"], "drop sampling"),
+        (["run", "privsgp-vr", "--graph", "expo:8", "--clip", "1", "--sigma", "1", "--steps", "2",
+          "--mixing", "fdla"], "own push-sum weights"),
+        (["run", "ldp", *LS, "--clip", "1", "--sigma", "1", "--seed", "-1"], "'seed'"),
+        (["run", "dsgd", *LS, "--graph", "nofile.txt"], "no such edge-list file"),
+        (["run", "--config", "{tmp}/mixed.toml"], "outside its [run] table"),
+        (["report", "{tmp}/afile", "--out", "{tmp}/afile"], "is a file"),
+        (["reproduce", "decor-fig1a", "--quick", "--set", "epsilons=4"], "paper's grid"),
+        (["reproduce", "decor-fig1a", "--quick", "--set", "topologies=hexagon"], "unknown topolog"),
+    ],
+)  # fmt: skip
+def test_options_a_run_would_ignore_or_crash_on_are_one_line(argv, msg, tmp_path, capsys):
+    """Found by QA passes: these were silently ignored (a privacy target on D-SGD, PrivSGP's batch
+    options, mixing on the exponential graph, the top-level keys of a file with a [run] table),
+    left a run directory behind (seed -1) or ended in a traceback (report into a file, a fig1a
+    epsilon off the paper's grid)."""
+    (tmp_path / "mixed.toml").write_text('algorithm = "ldp"\n[run]\nsteps = 3\n')
+    (tmp_path / "afile").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] in ("run", "reproduce"):
+        argv += ["--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and err.count("\n") == 0 and msg in err, err
+    assert not (tmp_path / "o" / "config.json").exists()
+
+
+def test_report_refuses_to_write_into_a_run_directory(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert main(["run", "ldp", *LS, "--clip", "1", "--sigma", "1", "--out", str(run)]) == 0
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["report", str(run), "--out", str(run)]) == 2
+    assert "run's directory" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before

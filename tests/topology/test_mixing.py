@@ -159,3 +159,10 @@ def test_fdla_and_best_constant_rules(spec):
         rates[rule] = np.linalg.norm(a - j, 2)
     assert rates["fdla"] <= min(rates.values()) + 1e-9
     assert rates["best-constant"] <= rates["max-degree"] + 1e-9  # same family, best constant
+
+
+@pytest.mark.parametrize("rule", ["fdla", "best-constant", "metropolis"])
+def test_one_node_graph_mixes_to_itself(rule):
+    """FDLA and best-constant indexed the second eigenvalue of a 1x1 Laplacian (IndexError)."""
+    w = mixing_matrix(parse_graph("complete:1"), rule)
+    assert w.dense().tolist() == [[1.0]]

@@ -36,10 +36,23 @@ CAPTION = "(eps, 1e-5)-SecLDP against an external eavesdropper"
 
 def _preset(name: str, quick: bool, overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The preset's values, its ``[quick]`` table over them when ``quick``, then ``--set`` ones."""
+    from privdl.errors import ConfigError
+
     p = load_preset(name)
     if quick:
         p.update(p.get("quick", {}))
-    return apply_overrides(p, overrides, name=name)
+    p = apply_overrides(p, overrides, name=name)
+    unknown = [t for t in p.get("topologies", []) if t not in p.get("graphs", {})]
+    if unknown:
+        raise ConfigError(
+            f"{name}: unknown topologies {unknown}; choose from {sorted(p.get('graphs', {}))}"
+        )
+    if name == "decor-fig1a":  # the paper's sigma_cdp/sigma_cor are listed per grid epsilon
+        grid = load_preset(name)["epsilons"]
+        off = [e for e in p["epsilons"] if e not in grid]
+        if off:
+            raise ConfigError(f"{name}: epsilons must come from the paper's grid {grid}; got {off}")
+    return p
 
 
 def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[str, Any]:

@@ -240,15 +240,21 @@ def random_regular(n: int, d: int, seed: int) -> Topology:
 def from_edge_list(path_like: str | Path) -> Topology:
     """Read an edge-list file: one ``u v`` pair of 0-based integers per line.
 
-    Self-loops, duplicate edges and non-integer entries are refused; ``n`` is the largest index
-    plus one.
+    Self-loops, duplicate edges, non-integer entries and gaps in the ids (every node 0..n-1 must
+    be on an edge) are refused.
     """
     p = Path(path_like)
     if not p.is_file():
         raise GraphError(f"edge-list file {str(p)!r} not found")
     pairs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
-    for lineno, raw in enumerate(p.read_text().splitlines(), start=1):
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise GraphError(
+            f"edge-list file {str(p)!r} is not text (one 'u v' pair per line)"
+        ) from None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -271,6 +277,13 @@ def from_edge_list(path_like: str | Path) -> Topology:
     if not pairs:
         raise GraphError(f"edge-list file {str(p)!r} has no edges")
     n = max(max(e) for e in pairs) + 1
+    nodes = {u for e in pairs for u in e}
+    if len(nodes) < n:  # a gap: isolated nodes, a 1-based file, or an id far beyond the rest
+        missing = sorted(set(range(min(n, len(nodes) + 5))) - nodes)[:5]
+        raise GraphError(
+            f"{p}: node ids must be 0..n-1 with every node on an edge; {len(nodes)} nodes listed "
+            f"but the largest id is {n - 1} (missing e.g. {', '.join(map(str, missing))})"
+        )
     return _from_edges(str(p), n, pairs)
 
 
@@ -313,6 +326,8 @@ def parse_graph(spec: str) -> Topology:
         )
     if Path(spec).exists():
         return from_edge_list(spec)
+    if kind not in builders and ("/" in spec or "." in spec or ":" not in spec):
+        raise GraphError(f"graph {spec!r}: no such edge-list file (and not a graph spec)")
     raise GraphError(
         f"unknown graph spec {spec!r}; expected ring:N, path:N, star:N, complete:N, torus:RxC, "
         "grid:RxC, er:N:P:SEED, regular:N:D:SEED, expo:N or an edge-list file"

@@ -139,6 +139,8 @@ def mixing_matrix(topology: Topology, rule: str = "metropolis") -> MixingMatrix:
         return _assemble_symmetric(rule, n, u, v, w)
     if rule == "average":
         return MixingMatrix(rule, sp.csr_matrix(np.full((n, n), 1.0 / n)))
+    if rule in ("fdla", "best-constant") and n == 1:  # nothing to mix: every rule gives W = [1]
+        return MixingMatrix(rule, sp.csr_matrix(np.ones((1, 1))))
     if rule == "fdla":
         return fdla_mixing(topology)
     if rule == "best-constant":
