@@ -53,6 +53,8 @@ def test_quick_accountant_reproductions(name, tmp_path) -> None:
     assert (tmp_path / "report.md").is_file() and (tmp_path / "summary.json").is_file()
     assert list(tmp_path.glob("*.png"))
     assert json.loads((tmp_path / "summary.json").read_text())["reproduction"] == name
+    report = (tmp_path / "report.md").read_text()
+    assert "nan" not in report.split("## Checks")[0]  # fig3 --quick had an all-nan column
 
 
 @pytest.mark.parametrize("topo", ["complete", "torus", "ring"])
