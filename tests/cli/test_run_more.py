@@ -260,3 +260,14 @@ def test_report_refuses_to_write_into_a_run_directory(tmp_path, capsys):
     assert main(["report", str(run), "--out", str(run)]) == 2
     assert "run's directory" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.parametrize("cmd", [["run"], ["launch", "--nproc", "2"]])
+def test_an_option_and_set_for_the_same_key_are_refused(cmd, tmp_path, capsys):
+    """``--sigma 3 --set sigma=2`` ran with sigma 2 and dropped the option without a word."""
+    argv = [*cmd, "ldp", *LS, "--clip", "1", "--sigma", "3", "--set", "sigma=2",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "sigma given both" in err, err
+    assert not (tmp_path / "o").exists()

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import click
 
-from privdl.cli.run import _FLAGS, _parse_set, refuse_options_with_resume
+from privdl.cli.run import command_line_values, refuse_options_with_resume
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
-from privdl.config import FEDERATED, load_config_file, make_config
+from privdl.config import FEDERATED, make_config
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.records import RunRecords
 
@@ -171,14 +171,7 @@ def _launch(
             raise PrivdlError(f"{out_dir} is not a privdl run directory (no config.json)")
         cfg = make_config(json.loads((out_dir / "config.json").read_text()))
     else:
-        values: dict = load_config_file(config_file) if config_file else {}
-        if algorithm:
-            values["algorithm"] = algorithm
-        for flag, key in _FLAGS.items():
-            if flags.get(flag) is not None:
-                values[key] = flags[flag]
-        values.update(_parse_set(sets))
-        cfg = make_config(values)
+        cfg = make_config(command_line_values(config_file, algorithm, flags, sets))
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
     RunRecords(out_dir)  # --out naming a file: one line here, before any rank starts

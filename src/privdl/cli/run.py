@@ -47,6 +47,28 @@ _FLAGS = {
 }
 
 
+def command_line_values(
+    config_file: str | None, algorithm: str | None, flags: dict, sets: tuple[str, ...]
+) -> dict:
+    """The config values of a command line: the file's, then the options', then ``--set``'s.
+
+    A key given both by an option and by ``--set`` is refused (one of them was silently lost).
+    """
+    values: dict = load_config_file(config_file) if config_file else {}
+    given = {"algorithm"} if algorithm else set()
+    if algorithm:
+        values["algorithm"] = algorithm
+    for flag, key in _FLAGS.items():
+        if flags.get(flag) is not None:
+            values[key] = flags[flag]
+            given.add(key)
+    set_values = _parse_set(sets)
+    both = sorted(given & set_values.keys())
+    if both:
+        raise ConfigError(f"{', '.join(both)} given both as an option and by --set: keep one")
+    return {**values, **set_values}
+
+
 def _parse_set(items: tuple[str, ...]) -> dict:
     out = {}
     for item in items:
@@ -153,13 +175,7 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
             resume(d, progress=progress)
         _print_repeats(dirs, Path(resume_dir))
         return
-    values: dict = load_config_file(config_file) if config_file else {}
-    if algorithm:
-        values["algorithm"] = algorithm
-    for flag, key in _FLAGS.items():
-        if flags.get(flag) is not None:
-            values[key] = flags[flag]
-    values.update(_parse_set(sets))
+    values = command_line_values(config_file, algorithm, flags, sets)
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
     if seeds is None:
