@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from privdl.errors import ConfigError
+from privdl.errors import ConfigError, PrivacyError
 
 DEFAULT_DELTA = 1e-5
 #: Algorithms whose noise is added locally to each node's gradient (same accounting as "ldp").
@@ -190,19 +190,25 @@ def calibrate(cfg, topo, task):
         return cfg.with_updates(sigma=sigma_ldp / math.sqrt(n) * (1 + 1e-9), delta=delta)
     # DECOR: sigma_cdp fixed (given, or a default point of its admissible range), sigma_cor
     # calibrated by bisection so that the SecRDP step slope is at most rho (Alg 2/3).
-    from privdl.accounting.calibration import calibrate_sigma_cor
+    from privdl.accounting.calibration import calibrate_sigma_cor, sigma_cdp_range
     from privdl.accounting.conversion import compose_convert
 
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
-    cal = calibrate_sigma_cor(
-        topo.graph,
-        epsilon=eps_one_step,
-        delta=delta,
-        steps=1,
-        sigma_cdp=cfg.sigma if cfg.sigma > 0 else None,
-        clip=c,
-        adversary=cfg.adversary,
-    )
+    one_step = dict(epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=cfg.adversary)
+    try:
+        cal = calibrate_sigma_cor(
+            topo.graph, sigma_cdp=cfg.sigma if cfg.sigma > 0 else None, **one_step
+        )
+    except PrivacyError as exc:
+        if cfg.sigma <= 0:
+            raise
+        # the search ran on the equivalent one-step target: name the user's (eps, T) instead
+        lo, hi = sigma_cdp_range(topo.graph, **one_step)
+        raise PrivacyError(
+            f"sigma = {cfg.sigma:.6g} (sigma_cdp) is too small for epsilon {cfg.epsilon:g} over "
+            f"{cfg.steps} steps: no sigma_cor reaches it (need sigma > {lo:.6g}; the LDP level "
+            f"is {hi:.6g})"
+        ) from exc
     return cfg.with_updates(sigma=cal.sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
 
 

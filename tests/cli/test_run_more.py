@@ -231,6 +231,8 @@ LS = ["--task", "least-squares", "--graph", "ring:8", "--steps", "5"]
           "--mixing", "fdla"], "own push-sum weights"),
         (["run", "ldp", *LS, "--clip", "1", "--sigma", "1", "--seed", "-1"], "'seed'"),
         (["run", "dsgd", *LS, "--graph", "nofile.txt"], "no such edge-list file"),
+        (["run", "decor", *LS, "--clip", "1", "--sigma", "0.5", "--epsilon", "3", "--delta",
+          "1e-5"], "too small for epsilon 3 over 5 steps"),  # quoted an internal one-step eps
         (["run", "--config", "{tmp}/mixed.toml"], "outside its [run] table"),
         (["report", "{tmp}/afile", "--out", "{tmp}/afile"], "is a file"),
         (["reproduce", "decor-fig1a", "--quick", "--set", "epsilons=4"], "paper's grid"),
