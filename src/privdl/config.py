@@ -14,7 +14,7 @@ from typing import Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from privdl.errors import ConfigError
+from privdl.errors import ConfigError, PrivdlError
 
 #: Federated algorithms (Robust-HDP, Malekmohammadi et al., Algorithm 1, and its Table 1
 #: baselines): clients with heterogeneous budgets and a server that weights their updates.
@@ -189,6 +189,15 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
     _refuse_ignored_options(cfg, values)
+    if cfg.algorithm == "decor":  # one label per threat model: collusion:0 is the eavesdropper
+        from privdl.accounting.secrdp import parse_adversary
+
+        try:
+            label = parse_adversary(cfg.adversary).label
+        except PrivdlError as exc:
+            raise ConfigError(str(exc)) from None
+        if label != cfg.adversary:
+            cfg = cfg.model_copy(update={"adversary": label})
     if cfg.algorithm in FEDERATED:
         cfg = _resolve_federated(cfg, values)
     else:

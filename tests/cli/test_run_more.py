@@ -273,3 +273,16 @@ def test_an_option_and_set_for_the_same_key_are_refused(cmd, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "sigma given both" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_decor_adversary_is_recorded_under_its_one_label():
+    """``collusion:0`` ran labelled ``collusion:0``; it is the eavesdropper (parse_adversary)."""
+    from privdl.config import make_config
+    from privdl.errors import ConfigError
+
+    base = dict(algorithm="decor", task="least-squares", clip=1.0)
+    assert make_config({**base, "adversary": "collusion:0"}).adversary == "eavesdropper"
+    assert make_config({**base, "adversary": "collusion:1"}).adversary == "curious"
+    assert make_config({**base, "adversary": "collusion:3"}).adversary == "collusion:3"
+    with pytest.raises(ConfigError, match="unknown adversary"):
+        make_config({**base, "adversary": "bogus"})
