@@ -20,6 +20,7 @@ def _check_outputs(out, summary, which):
     assert summary["passed"]
     report = (out / "report.md").read_text()
     assert "accounted eps" in report and "Paper orderings" in report
+    assert "NOMINAL epsilon" in report.split("## Results")[1]  # the eps=E run labels
 
 
 def _check_privacy_rows(summary, pre):

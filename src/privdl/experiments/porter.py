@@ -567,6 +567,12 @@ def _report(which: str, s: dict[str, Any]) -> str:
     ]
     lines += ["", "## Results (mean of the last 20% of logged points)", ""]
     lines += [
+        "Run labels `eps=E` name the paper's NOMINAL epsilon (Theorem 1's sigma_p for E, as in "
+        "its figures), not a guarantee: the epsilon that noise delivers is the privacy table's "
+        "accounted column.",
+        "",
+    ]
+    lines += [
         "| run | utility | utility running avg | training loss | test accuracy | bits/agent |",
         "|---|---|---|---|---|---|",
     ]
