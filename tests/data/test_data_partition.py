@@ -127,3 +127,15 @@ def test_parts_to_ids_detects_overlap() -> None:
         parts_to_ids([np.array([0, 1]), np.array([1, 2])], 3)
     ids = parts_to_ids([np.array([2]), np.array([0])], 3)
     assert ids.tolist() == [1, -1, 0]
+
+
+def test_rng_may_be_an_integer_seed_and_bad_arguments_are_data_errors():
+    """``rng=0`` was an AttributeError; ``n_parts=2.5`` was accepted."""
+    y = np.arange(40) % 4
+    by_seed = partition_iid(y, 4, rng=7)
+    by_gen = partition_iid(y, 4, rng=np.random.default_rng(7))
+    assert all(np.array_equal(a, b) for a, b in zip(by_seed, by_gen, strict=True))
+    with pytest.raises(DataError, match="n_parts must be an integer"):
+        partition_iid(y, 2.5, rng=0)
+    with pytest.raises(DataError, match="rng must be"):
+        partition_dirichlet(y, 4, 1.0, rng="seed")

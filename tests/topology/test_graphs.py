@@ -164,3 +164,13 @@ def test_edge_list_gaps_and_binary_files_are_refused(tmp_path, content, msg):
     f.write_bytes(content)
     with pytest.raises(GraphError, match=msg):
         parse_graph(str(f))
+
+
+def test_builders_refuse_a_non_integer_size():
+    """``ring('16')`` was a TypeError from a comparison deep inside."""
+    from privdl.errors import GraphError
+    from privdl.topology import ring
+
+    for bad in ("16", 16.0, True):
+        with pytest.raises(GraphError, match="must be an integer"):
+            ring(bad)

@@ -166,3 +166,11 @@ def test_one_node_graph_mixes_to_itself(rule):
     """FDLA and best-constant indexed the second eigenvalue of a 1x1 Laplacian (IndexError)."""
     w = mixing_matrix(parse_graph("complete:1"), rule)
     assert w.dense().tolist() == [[1.0]]
+
+
+def test_mixing_matrix_takes_a_spec_and_refuses_other_things():
+    assert np.array_equal(
+        mixing_matrix("ring:8").dense(), mixing_matrix(parse_graph("ring:8")).dense()
+    )
+    with pytest.raises(GraphError, match="Topology or a graph spec"):
+        mixing_matrix(5)

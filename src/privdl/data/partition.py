@@ -21,7 +21,18 @@ import numpy as np
 from privdl.errors import DataError
 
 
+def _generator(rng: np.random.Generator | int) -> np.random.Generator:
+    """The partitioner's generator: a numpy ``Generator``, or an integer seed for a new one."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
+        return np.random.default_rng(int(rng))
+    raise DataError(f"rng must be a numpy Generator or a non-negative integer seed, got {rng!r}")
+
+
 def _check(labels: np.ndarray, n_parts: int) -> np.ndarray:
+    if not isinstance(n_parts, (int, np.integer)) or isinstance(n_parts, bool):
+        raise DataError(f"n_parts must be an integer, got {n_parts!r}")
     y = np.asarray(labels)
     if y.ndim != 1:
         raise DataError(f"labels must be one-dimensional, got shape {y.shape}")
@@ -36,7 +47,7 @@ def partition_iid(
     labels: np.ndarray,
     n_parts: int,
     *,
-    rng: np.random.Generator,
+    rng: np.random.Generator | int,
     drop_remainder: bool = False,
 ) -> list[np.ndarray]:
     """Shuffle and split evenly (part sizes differ by at most one).
@@ -45,6 +56,7 @@ def partition_iid(
     (PORTER s.6.3: m = floor(32561/10) = 3256).
     """
     y = _check(labels, n_parts)
+    rng = _generator(rng)
     perm = rng.permutation(y.shape[0]).astype(np.int64)
     if drop_remainder:
         m = y.shape[0] // n_parts
@@ -57,7 +69,7 @@ def partition_shards(
     n_parts: int,
     shards_per_part: int,
     *,
-    rng: np.random.Generator,
+    rng: np.random.Generator | int,
 ) -> list[np.ndarray]:
     """Sort by label, cut into ``n_parts * shards_per_part`` contiguous shards, deal them out.
 
@@ -66,6 +78,7 @@ def partition_shards(
     Within a label, order is randomised first so shards are random subsets of each class.
     """
     y = _check(labels, n_parts)
+    rng = _generator(rng)
     if shards_per_part < 1:
         raise DataError(f"shards_per_part must be >= 1, got {shards_per_part}")
     n_shards = n_parts * shards_per_part
@@ -99,7 +112,7 @@ def partition_dirichlet(
     n_parts: int,
     alpha: float,
     *,
-    rng: np.random.Generator,
+    rng: np.random.Generator | int,
     min_size: int = 1,
     max_tries: int = 1000,
 ) -> list[np.ndarray]:
@@ -111,6 +124,7 @@ def partition_dirichlet(
     classes; alpha -> infinity -> iid-like proportions.
     """
     y = _check(labels, n_parts)
+    rng = _generator(rng)
     if not np.isfinite(alpha) or alpha <= 0:
         raise DataError(f"Dirichlet alpha must be a positive finite number, got {alpha}")
     if min_size < 0 or min_size * n_parts > y.shape[0]:

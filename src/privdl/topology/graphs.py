@@ -288,6 +288,8 @@ def from_edge_list(path_like: str | Path) -> Topology:
 
 
 def _check_n(n: int, minimum: int, kind: str) -> None:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+        raise GraphError(f"{kind}: the number of nodes must be an integer, got {n!r}")
     if n < minimum:
         raise GraphError(f"{kind}: need at least {minimum} nodes, got {n}")
 

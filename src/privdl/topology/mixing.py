@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from privdl.errors import GraphError
-from privdl.topology.graphs import DENSE_LIMIT, Topology
+from privdl.topology.graphs import DENSE_LIMIT, Topology, parse_graph
 
 MIXING_RULES = (
     "decor", "metropolis", "max-degree", "average", "fdla", "best-constant", "push-sum",
@@ -115,8 +115,15 @@ class MixingMatrix:
         }
 
 
-def mixing_matrix(topology: Topology, rule: str = "metropolis") -> MixingMatrix:
-    """Build the named mixing matrix of ``topology`` (see the module docstring for the rules)."""
+def mixing_matrix(topology: Topology | str, rule: str = "metropolis") -> MixingMatrix:
+    """Build the named mixing matrix of ``topology`` (see the module docstring for the rules).
+
+    ``topology`` may also be a graph spec string (``"ring:8"``) or an edge-list file path.
+    """
+    if isinstance(topology, str):
+        topology = parse_graph(topology)
+    if not isinstance(topology, Topology):
+        raise GraphError(f"mixing_matrix takes a Topology or a graph spec, got {topology!r}")
     n = topology.n
     deg = topology.degrees.astype(float)
     e = topology.edges
