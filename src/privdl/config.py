@@ -103,6 +103,18 @@ class RunConfig(BaseModel):
             raise ValueError("lr must be > 0")
         return v
 
+    @field_validator("adversary")
+    @classmethod
+    def _adversary(cls, v: str) -> str:
+        """One label per threat model (``collusion:0`` is the eavesdropper, ``collusion:1`` the
+        curious user), as the accountant labels its budgets."""
+        from privdl.accounting.secrdp import parse_adversary
+
+        try:
+            return parse_adversary(v).label
+        except PrivdlError as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
@@ -189,15 +201,6 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         mode = "batch_mean" if cfg.algorithm == "porter-gc" else "per_sample"
         cfg = cfg.model_copy(update={"clip_mode": mode})
     _refuse_ignored_options(cfg, values)
-    if cfg.algorithm == "decor":  # one label per threat model: collusion:0 is the eavesdropper
-        from privdl.accounting.secrdp import parse_adversary
-
-        try:
-            label = parse_adversary(cfg.adversary).label
-        except PrivdlError as exc:
-            raise ConfigError(str(exc)) from None
-        if label != cfg.adversary:
-            cfg = cfg.model_copy(update={"adversary": label})
     if cfg.algorithm in FEDERATED:
         cfg = _resolve_federated(cfg, values)
     else:
@@ -208,6 +211,11 @@ def make_config(values: dict[str, Any]) -> RunConfig:
     if cfg.epsilon is not None and not (math.isfinite(cfg.epsilon) and cfg.epsilon > 0):
         raise ConfigError(f"epsilon must be positive, got {cfg.epsilon}")
     return cfg
+
+
+def _time_varying(graph: str) -> bool:
+    """Whether a graph spec names the time-varying exponential graph (its own push-sum weights)."""
+    return graph.strip().lower().startswith("expo:")
 
 
 def _refuse_ignored_options(cfg: RunConfig, values: dict[str, Any]) -> None:
@@ -238,9 +246,7 @@ def _refuse_ignored_options(cfg: RunConfig, values: dict[str, Any]) -> None:
                 f"(Algorithm 1): drop {', '.join(given)}, or set block_size"
             )
     # (runs saved before this check recorded the then-default "metropolis" for expo: resumable)
-    if values.get("mixing") not in (None, "metropolis") and cfg.graph.strip().lower().startswith(
-        "expo:"
-    ):
+    if values.get("mixing") not in (None, "metropolis") and _time_varying(cfg.graph):
         raise ConfigError(f"graph {cfg.graph!r} has its own push-sum weights: drop mixing")
     if cfg.task != "least-squares" and cfg.ls_dim != default["ls_dim"]:
         raise ConfigError(f"ls_dim is least-squares' dimension; task {cfg.task} has its own data")
@@ -266,7 +272,7 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"gamma (consensus step) applies to PORTER, not {cfg.algorithm!r}")
     if not privsgp and cfg.block_size != 1:
         raise ConfigError(f"block_size applies to privsgp/privsgp-vr, not {cfg.algorithm!r}")
-    if cfg.graph.strip().lower().startswith("expo:") and not privsgp:
+    if _time_varying(cfg.graph) and not privsgp:
         raise ConfigError(
             f"graph {cfg.graph!r} is time-varying and directed (push-sum): only privsgp and "
             "privsgp-vr run on it"
@@ -276,7 +282,7 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
     if privsgp and cfg.clip_mode == "batch_mean":
         raise ConfigError(f"{cfg.algorithm} clips per sample: use clip_mode per_sample")
     updates: dict[str, Any] = {}
-    if cfg.mixing is None and not cfg.graph.strip().lower().startswith("expo:"):
+    if cfg.mixing is None and not _time_varying(cfg.graph):
         updates["mixing"] = "metropolis"
         if porter:
             from privdl.topology import parse_topology

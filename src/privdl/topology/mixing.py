@@ -146,8 +146,6 @@ def mixing_matrix(topology: Topology | str, rule: str = "metropolis") -> MixingM
         return _assemble_symmetric(rule, n, u, v, w)
     if rule == "average":
         return MixingMatrix(rule, sp.csr_matrix(np.full((n, n), 1.0 / n)))
-    if rule in ("fdla", "best-constant") and n == 1:  # nothing to mix: every rule gives W = [1]
-        return MixingMatrix(rule, sp.csr_matrix(np.ones((1, 1))))
     if rule == "fdla":
         return fdla_mixing(topology)
     if rule == "best-constant":
@@ -168,6 +166,8 @@ def best_constant_mixing(topology: Topology) -> MixingMatrix:
     Minimises ``||W - J||_2`` over constant edge weights; the FDLA optimum (PORTER §5) also
     optimises each edge. Symmetric, ``W 1 = 1``, zero off the graph.
     """
+    if topology.n == 1:  # nothing to mix (and no lambda_2)
+        return MixingMatrix("best-constant", sp.csr_matrix(np.ones((1, 1))))
     lap = topology.laplacian.toarray()
     vals = np.linalg.eigvalsh(lap)
     a = 2.0 / (vals[1] + vals[-1])
@@ -186,6 +186,8 @@ def fdla_mixing(topology: Topology, *, iterations: int = 2000) -> MixingMatrix:
     eigenpair ``(lambda, q)`` of ``W - J`` is ``-sign(lambda) (q_u - q_v)^2``.
     """
     n, edges = topology.n, topology.edges
+    if n == 1:  # nothing to mix
+        return MixingMatrix("fdla", sp.csr_matrix(np.ones((1, 1))))
     cols = np.arange(len(edges))
     b = np.zeros((n, len(edges)))
     b[edges[:, 0], cols], b[edges[:, 1], cols] = 1.0, -1.0
