@@ -46,4 +46,9 @@ def test_bad_input_is_a_config_error_and_arguments_are_keyword_only(tmp_path):
         privdl.train(out=tmp_path / "x", stepz=3)
     with pytest.raises(TypeError):
         privdl.train(tmp_path / "x")  # type: ignore[misc]
+    # pydantic would read True as 1 and run one step
+    with pytest.raises(ConfigError, match="steps=True: steps takes a number or a name"):
+        privdl.train(out=tmp_path / "x", steps=True)
+    with pytest.raises(ConfigError, match="graph=False"):
+        privdl.train(out=tmp_path / "x", graph=False)
     assert not (tmp_path / "x").exists()

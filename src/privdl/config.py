@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privdl.errors import ConfigError, PrivdlError
 
@@ -93,6 +93,18 @@ class RunConfig(BaseModel):
     local_epochs: int = Field(default=1, ge=1)
     clients_per_round: int | None = Field(default=None, ge=1)
     reestimate_every: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans(cls, values: Any) -> Any:
+        """No option is a switch: ``steps=True`` is refused (pydantic would read it as 1)."""
+        if isinstance(values, dict):
+            for key, value in values.items():
+                if isinstance(value, bool) and key in cls.model_fields:
+                    raise ValueError(
+                        f"{key}={value!r}: {key} takes a number or a name, not true/false"
+                    )
+        return values
 
     @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
     @classmethod
@@ -192,6 +204,8 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         if err.get("type") == "extra_forbidden":
             raise ConfigError(f"unknown config key {loc!r}") from None
         msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        if not err.get("loc"):  # a whole-config check names its key in the message
+            raise ConfigError(f"invalid config value: {msg}") from None
         raise ConfigError(f"invalid config value for {loc!r}: {msg}") from None
     if cfg.clip_mode != "none" and cfg.clip is None:
         raise ConfigError(f"clip_mode={cfg.clip_mode!r} needs a clipping threshold (--clip C)")

@@ -83,6 +83,12 @@ def test_event_mapping():
         SubsampledGaussianEvent(
             noise_multiplier=1, sampling_rate=0.1, steps=1, sampling="fixed_size"
         )
+    for size in (2.5, True, 0):  # a fractional size would be rounded into the batch silently
+        with pytest.raises(PrivacyError, match="dataset size must be a positive integer"):
+            SubsampledGaussianEvent(
+                noise_multiplier=1, sampling_rate=0.1, steps=1, sampling="fixed_size",
+                dataset_size=size,
+            )  # fmt: skip
 
 
 def test_decor_equivalent_gaussian():

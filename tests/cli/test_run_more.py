@@ -286,3 +286,24 @@ def test_decor_adversary_is_recorded_under_its_one_label():
     assert make_config({**base, "adversary": "collusion:3"}).adversary == "collusion:3"
     with pytest.raises(ConfigError, match="unknown adversary"):
         make_config({**base, "adversary": "bogus"})
+
+
+def test_reproduce_prints_how_many_checks_hold(tmp_path, capsys):
+    """A reproduction whose checks fail said so only inside report.md (exit 0, no count)."""
+    from privdl.cli.reproduce import check_tally
+
+    out = tmp_path / "fig2"
+    assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 0
+    checks = json.loads((out / "summary.json").read_text())["checks"]
+    held = sum(bool(c["pass"]) for c in checks)
+    assert f"checks: {held} of {len(checks)} hold" in capsys.readouterr().out
+    # both shapes a summary keeps its checks in, with failures named
+    path = tmp_path / "summary.json"
+    path.write_text(
+        json.dumps({"checks": [{"name": "a", "pass": True}, {"name": "b", "pass": False}]})
+    )
+    assert check_tally(path) == "checks: 1 of 2 hold; failed: b"
+    path.write_text(json.dumps({"checks": {"x": False, "y": False, "z": True}}))
+    assert check_tally(path) == "checks: 1 of 3 hold; failed: x; y"
+    path.write_text(json.dumps({"grid": [1]}))
+    assert check_tally(path) is None

@@ -57,7 +57,11 @@ class SubsampledGaussianEvent:
             raise PrivacyError("sampling 'none' needs sampling_rate = 1")
         if self.sampling == "fixed_size" and self.dataset_size is None:
             raise PrivacyError("fixed-size sampling needs the dataset size (records per node)")
-        if self.dataset_size is not None and not self.dataset_size >= 1:
+        if self.dataset_size is not None and (
+            isinstance(self.dataset_size, bool)
+            or int(self.dataset_size) != self.dataset_size
+            or not self.dataset_size >= 1
+        ):
             raise PrivacyError(f"dataset size must be a positive integer, got {self.dataset_size}")
 
     @property

@@ -76,6 +76,37 @@ def reproduce(
         rep.run(out_dir, **kwargs)
     click.echo((out_dir / "report.md").read_text())
     click.echo(f"written: {out_dir}")
+    tally = check_tally(out_dir / "summary.json")
+    if tally:
+        click.echo(tally)
+
+
+def check_tally(summary_path: Path) -> str | None:
+    """One line: how many of a reproduction's checks hold, naming the ones that do not.
+
+    Reproductions keep ``checks`` as ``{name: bool}`` or as ``[{"name", "pass", ...}]``.
+    """
+    import json
+
+    try:
+        checks = json.loads(summary_path.read_text()).get("checks")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(checks, dict):
+        results = [(str(k), bool(v)) for k, v in checks.items() if isinstance(v, bool)]
+    elif isinstance(checks, list):
+        results = [
+            (str(c.get("name")), bool(c.get("pass")))
+            for c in checks
+            if isinstance(c, dict) and "pass" in c
+        ]
+    else:
+        return None
+    if not results:
+        return None
+    failed = [name for name, ok in results if not ok]
+    line = f"checks: {len(results) - len(failed)} of {len(results)} hold"
+    return line + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
 def _check_device(device: str) -> str:
