@@ -87,3 +87,90 @@ def test_a_run_without_metrics_is_an_error(tmp_path):
     RunRecords(tmp_path / "empty").start({"algorithm": "ldp"})
     with pytest.raises(PrivdlError, match="no metrics yet"):
         make_report([tmp_path / "empty"], tmp_path / "rep")
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"42\n", b"[1, 2]\n", b'{"loss": 1.0}\n', b'{"step": "x", "loss": 1}\n',
+                bytes(range(128, 256)) + b"\n"],  # fmt: skip
+)
+def test_unreadable_metric_lines_are_skipped_with_one_warning(tmp_path, capsys, garbage):
+    """Each of these lines was a traceback (AttributeError, KeyError, TypeError,
+    UnicodeDecodeError) from ``privdl report``."""
+    run = _fake_run(tmp_path / "r", seed=1, accuracy=0.7)
+    with (run / "metrics.jsonl").open("ab") as f:
+        f.write(garbage)
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    err = _error_line(capsys)
+    assert "warning:" in err and "1 unreadable line(s) skipped" in err
+    assert _cell(markdown_table(load_runs([run])), 0, "test accuracy") == "0.7"
+
+
+def test_corrupt_summary_and_uncreatable_out_are_one_line_errors(tmp_path, capsys):
+    run = _fake_run(tmp_path / "r", seed=1, accuracy=0.7)
+    (run / "summary.json").write_text("[1]")
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 2
+    assert "summary.json is corrupt (not a JSON object)" in _error_line(capsys)
+    ok = _fake_run(tmp_path / "ok", seed=1, accuracy=0.7)
+    (tmp_path / "afile").write_text("x")
+    assert main(["report", str(ok), "--out", str(tmp_path / "afile" / "sub")]) == 2
+    assert "cannot create the directory" in _error_line(capsys)
+    assert main(["report", str(tmp_path / "afile")]) == 2
+    assert "afile is a file, not a run directory" in (err := _error_line(capsys))
+    assert "--out" not in err  # it was an input, not --out
+
+
+def test_metrics_cut_short_of_their_summary_warn(tmp_path, capsys):
+    run = _fake_run(tmp_path / "r", seed=1, accuracy=0.7)
+    RunRecords(run).finish({"completed": True, "steps_done": 40})
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "ends at step 20 but its summary.json at step 40" in _error_line(capsys)
+
+
+def test_labels_tell_runs_apart_and_stay_in_their_cells(tmp_path, capsys):
+    a = _fake_run(tmp_path / "a", seed=1, accuracy=0.7)
+    b = _fake_run(tmp_path / "b", seed=2, accuracy=0.8)
+    per_run = markdown_table(load_runs([a, b]), group=False)
+    assert _cell(per_run, 0, "run").endswith("(seed=1, data_seed=11)")
+    assert _cell(per_run, 1, "run").endswith("(seed=2, data_seed=12)")
+    c = RunRecords(tmp_path / "c")
+    c.start({"algorithm": "ldp", "graph": "ring:8", "seed": 1, "sigma": 0.9,
+             "label": "lr|0.1\nrun"})  # fmt: skip
+    c.append({"step": 0, "accuracy": 0.5})
+    table = markdown_table(load_runs([a, tmp_path / "c"]))
+    assert _cell(table, 0, "run") == "ldp / ring:8"  # no other run shares its label
+    row = table.splitlines()[3]
+    assert r"lr\|0.1 run" in row and row.count(" | ") == table.splitlines()[0].count(" | ")
+    # runs sharing a label are told apart by the values they differ in
+    d = RunRecords(tmp_path / "d")
+    d.start({"algorithm": "ldp", "graph": "ring:8", "seed": 1, "data_seed": 11, "sigma": 0.9})
+    d.append({"step": 0, "accuracy": 0.5})
+    table = markdown_table(load_runs([a, tmp_path / "d"]))
+    assert [_cell(table, i, "run") for i in (0, 1)] == ["ldp / ring:8 (sigma=0.5)",
+                                                       "ldp / ring:8 (sigma=0.9)"]  # fmt: skip
+    # the same run given twice is reported once, with a warning
+    assert main(["report", str(a), str(a) + "/", "--out", str(tmp_path / "rep")]) == 0
+    out, err = capsys.readouterr()
+    assert "is given twice; reported once" in err
+    assert sum(line.startswith("| ldp") for line in out.splitlines()) == 1
+
+
+def test_diverged_and_uneven_repeats_are_marked(tmp_path):
+    a = _fake_run(tmp_path / "a", seed=1, accuracy=0.7)
+    b = _fake_run(tmp_path / "b", seed=2, accuracy=0.8, completed=False)
+    lines = (b / "metrics.jsonl").read_text().splitlines()
+    (b / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")  # b stopped at step 10
+    table = markdown_table(load_runs([a, b]))
+    assert _cell(table, 0, "steps") == "10/20 *"
+    assert "stopped at different steps" in table.splitlines()[-1]
+    d = RunRecords(tmp_path / "d")
+    d.start({"algorithm": "dsgd", "graph": "ring:4", "seed": 0})
+    d.append({"step": 0, "loss": 1.0})
+    d.append({"step": 20, "loss": float("nan"), "diverged": True})
+    d.finish({"completed": False, "steps_done": 20, "final": {"diverged": True}})
+    assert _cell(markdown_table(load_runs([tmp_path / "d"])), 0, "complete") == "diverged"

@@ -121,6 +121,37 @@ def test_resume_is_bit_identical(tmp_path, algorithm):
     assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]
 
 
+@pytest.mark.parametrize("crash", ["torn_last_row", "row_after_checkpoint_lost"])
+def test_resume_after_a_crash_mid_record_loses_no_row(tmp_path, crash):
+    """A crash tearing the last metrics line, or falling between the checkpoint and its row:
+    resuming lost that row for good (and, torn, glued the next row onto the fragment)."""
+    cfg = make_config({**LS, "algorithm": "ldp", "sigma": 0.5})
+    full = train(cfg, tmp_path / "full", progress=False)
+    train(cfg, tmp_path / "part", progress=False, stop_after=40)  # checkpoint and row at 40
+    path = tmp_path / "part" / "metrics.jsonl"
+    text = path.read_text()
+    last = text.splitlines(keepends=True)[-1]
+    assert json.loads(last)["step"] == 40
+    kept = text[: len(text) - len(last)]
+    path.write_text(kept + (last[:25] if crash == "torn_last_row" else ""))
+    resumed = resume(tmp_path / "part", progress=False)
+    records, bad = RunRecords(tmp_path / "part").read_rows()
+    assert bad == (1 if crash == "torn_last_row" else 0)  # the fragment, kept (append-only)
+    rows_full = list(RunRecords(tmp_path / "full").rows())
+    strip = lambda r: {k: v for k, v in r.items() if k != "wall_time"}  # noqa: E731
+    assert [strip(r) for r in records] == [strip(r) for r in rows_full]
+    assert path.read_text().startswith(kept)
+    assert resumed["final"]["optimality_gap"] == full["final"]["optimality_gap"]
+
+
+def test_a_diverged_run_stays_an_error_when_resumed(tmp_path):
+    cfg = make_config({"task": "least-squares", "graph": "ring:4", "steps": 60, "eval_every": 20, "lr": 50.0})
+    with pytest.raises(PrivdlError, match="diverged at step 20"):
+        train(cfg, tmp_path / "d", progress=False)
+    with pytest.raises(PrivdlError, match="diverged at step 20"):
+        resume(tmp_path / "d", progress=False)
+
+
 def test_a_run_directory_has_one_writer(tmp_path):
     """While a process writes a run (holds its lock), a second run or resume there is refused
     and writes nothing; once the lock is released the resume goes through."""

@@ -274,8 +274,9 @@ def run_worker(
         setup = _setup(job, held) if rank == 0 else None
         cfg, ckpt, status = _bcast(setup)
         if status == "done":
-            summary = RunRecords(out_dir).summary() if rank == 0 else None
-            return _bcast(summary)
+            summary = _bcast(RunRecords(out_dir).summary() if rank == 0 else None)
+            refuse_diverged(summary)  # a diverged run stays an error, as when it stopped
+            return summary
         if status is not None:  # rank 0 prints it; the others exit quietly with code 2
             message = status.removeprefix("error:")
             raise PrivdlError(message) if rank == 0 else ReportedError(message)
@@ -305,8 +306,10 @@ def run_worker(
         kill = _kill_step(rank)
         have = {r.get("step") for r in records.rows()} if records is not None else set()
         start_wall = time.perf_counter() - wall0
-        if state.t == 0 and 0 not in have and records is not None:
-            records.append(_eval_row(built, full, 0, 0.0))
+        t, every = state.t, cfg.eval_every
+        if records is not None and t not in have and (t == 0 or t % every == 0 or t == cfg.steps):
+            # step 0, or a checkpoint whose row a crash kept from the metrics (runner._loop)
+            records.append(_eval_row(built, full, t, wall0))
         enabled = rank == 0 and (sys.stderr.isatty() if progress is None else progress)
         last_row, evaluated = None, False
         with _progress(cfg.steps, state.t, enabled) as prog:
@@ -438,6 +441,9 @@ def worker_main(job: dict[str, Any]) -> int:
         )
     except ReportedError:
         os._exit(2)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: the launcher says "aborted", once
+        sys.stderr.flush()
+        os._exit(130)
     except PrivdlError as exc:
         text = str(exc) if str(exc).startswith("rank ") else f"rank {rank}: {exc}"
         print(f"error: {text}", file=sys.stderr, flush=True)

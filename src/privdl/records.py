@@ -81,13 +81,17 @@ def environment() -> dict[str, Any]:
     }
 
 
+class RecordsWarning(UserWarning):
+    """Run records that are readable but not whole (unreadable lines, metrics cut short)."""
+
+
 class RunRecords:
     """The files of one run directory."""
 
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         if self.dir.exists() and not self.dir.is_dir():
-            raise PrivdlError(f"{self.dir} is a file, not a run directory: choose another --out")
+            raise PrivdlError(f"{self.dir} is a file, not a run directory")
 
     @property
     def metrics_path(self) -> Path:
@@ -112,7 +116,7 @@ class RunRecords:
         except ImportError:  # pragma: no cover - not POSIX
             yield
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
@@ -136,7 +140,7 @@ class RunRecords:
                 f"{self.dir} already holds a run; use --resume {self.dir} to continue it, "
                 "or choose another --out"
             )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         for p in (self.metrics_path, self.checkpoint_path, self.summary_path):
             if p.exists():
                 p.unlink()
@@ -155,21 +159,45 @@ class RunRecords:
         return values
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one metrics row (one line of JSON) and flush it to disk."""
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_clean(row), sort_keys=True) + "\n")
+        """Append one metrics row (one line of JSON) and flush it to disk.
+
+        A torn last line (a crash mid-write) is closed with a newline first, so the new row
+        stays a line of its own instead of being glued onto the fragment.
+        """
+        with self.metrics_path.open("a+b") as f:
+            line = json.dumps(_clean(row), sort_keys=True) + "\n"
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+            f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Every complete metrics row (a torn last line from a crash is skipped)."""
+        yield from self.read_rows()[0]
+
+    def read_rows(self) -> tuple[list[dict[str, Any]], int]:
+        """The metrics rows (JSON objects with an integer ``step``) and how many non-blank lines
+        were not such rows (a torn last line, or a corrupted file)."""
         if not self.metrics_path.exists():
-            return
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+            return [], 0
+        rows, bad = [], 0
+        text = self.metrics_path.read_bytes().decode("utf-8", errors="replace")
+        for line in text.splitlines():
+            if not line.strip():
                 continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            step = row.get("step") if isinstance(row, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                rows.append(row)
+            else:
+                bad += 1
+        return rows, bad
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         save_torch_atomic(self.checkpoint_path, state)
@@ -199,7 +227,18 @@ class RunRecords:
     def summary(self) -> dict[str, Any] | None:
         if not self.summary_path.exists():
             return None
-        return _read_json(self.summary_path)
+        summary = _read_json(self.summary_path)
+        if not isinstance(summary, dict):
+            raise PrivdlError(f"{self.summary_path} is corrupt (not a JSON object)")
+        return summary
+
+
+def make_dir(path: Path) -> None:
+    """``mkdir -p`` with a one-line error for a path that cannot be a directory."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PrivdlError(f"cannot create the directory {path}: {exc.strerror or exc}") from None
 
 
 def _read_json(path: Path) -> Any:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 from privdl.errors import PrivdlError
-from privdl.records import RunRecords, seed_run_dirs
+from privdl.records import RecordsWarning, RunRecords, make_dir, seed_run_dirs
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
 SEED_KEYS = ("seed", "data_seed")
@@ -44,6 +45,36 @@ def run_label(cfg: dict[str, Any]) -> str:
     return f"{cfg.get('algorithm', '?')} / {graph}"
 
 
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell (no column break, no line break)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def distinct_labels(groups: list[list[dict[str, Any]]]) -> list[str]:
+    """:func:`run_label` of each group, with the config values that tell apart groups sharing
+    a label (``lr=0.05``; ``seed=2`` when repeats are shown one by one)."""
+    labels = [run_label(g[0]["config"]) for g in groups]
+    for label in set(labels):
+        same = [i for i, x in enumerate(labels) if x == label]
+        if len(same) < 2:
+            continue
+        cfgs = [groups[i][0]["config"] for i in same]
+        keys = sorted({k for c in cfgs for k in c} - {"label"}, key=_field_order)
+        differ = [k for k in keys if len({json.dumps(c.get(k), default=str) for c in cfgs}) > 1]
+        for i, c in zip(same, cfgs, strict=True):
+            if differ:
+                labels[i] = f"{label} ({', '.join(f'{k}={c.get(k)}' for k in differ)})"
+    return labels
+
+
+def _field_order(key: str) -> tuple[int, str]:
+    """Config keys in :class:`~privdl.config.RunConfig`'s order (seed before data_seed)."""
+    from privdl.config import RunConfig
+
+    fields = list(RunConfig.model_fields)
+    return (fields.index(key) if key in fields else len(fields), key)
+
+
 def privacy_text(priv: dict[str, Any] | None) -> str:
     """``eps=3.00 (delta=1e-05, secrdp+classic, eavesdropper, user-level)`` or ``non-private``."""
     if not priv:
@@ -66,13 +97,35 @@ def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
     for d in dirs:
         repeats = [] if (Path(d) / "config.json").is_file() else seed_run_dirs(d)
         expanded.extend(repeats or [d])
+    seen: set[Path] = set()
     for d in expanded:
+        where = Path(d).resolve()
+        if where in seen:
+            warnings.warn(f"{d} is given twice; reported once", RecordsWarning, stacklevel=2)
+            continue
+        seen.add(where)
         rec = RunRecords(d)
         cfg = rec.config()
-        rows = list(rec.rows())
+        rows, bad = rec.read_rows()
         if not rows:
             raise PrivdlError(f"{d} has no metrics yet")
-        runs.append({"dir": str(d), "config": cfg, "rows": rows, "summary": rec.summary()})
+        summary = rec.summary()
+        if bad:
+            warnings.warn(
+                f"{rec.metrics_path}: {bad} unreadable line(s) skipped",
+                RecordsWarning,
+                stacklevel=2,
+            )
+        last = max(r["step"] for r in rows)
+        if summary is not None and summary.get("steps_done") not in (None, last):
+            warnings.warn(
+                f"{rec.metrics_path} ends at step {last} but its summary.json at step "
+                f"{summary.get('steps_done')}: the metrics are incomplete",
+                RecordsWarning,
+                stacklevel=2,
+            )
+        rows.sort(key=lambda r: r["step"])
+        runs.append({"dir": str(d), "config": cfg, "rows": rows, "summary": summary})
     return runs
 
 
@@ -128,7 +181,8 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
     head += " | privacy | complete |"
     sep = "|" + "---|" * (len(metrics) + 4 + repeats)
     lines = [head, sep]
-    for g in groups:
+    uneven = False
+    for g, label in zip(groups, distinct_labels(groups), strict=True):
         lasts = [r["rows"][-1] for r in g]
         vals = []
         for m in metrics:
@@ -140,15 +194,23 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
             else:
                 mean, std = _mean_std(xs)
                 vals.append(f"{mean:.4g} ± {std:.2g}")
-        steps = sorted({x.get("step") for x in lasts}, key=str)
+        steps = sorted({x.get("step") for x in lasts})
+        steps_s = "/".join(map(str, steps))
+        if len(g) > 1 and len(steps) > 1:
+            steps_s, uneven = steps_s + " *", True
         done = sum(bool(r["summary"] and r["summary"].get("completed")) for r in g)
         done_s = "yes" if done == len(g) else ("no" if done == 0 else f"{done}/{len(g)}")
+        diverged = sum(bool(x.get("diverged")) for x in lasts)
+        if diverged:
+            done_s = "diverged" if diverged == len(g) else f"{done_s}, {diverged} diverged"
         lines.append(
-            f"| {run_label(g[0]['config'])} | {'/'.join(map(str, steps))} | "
+            f"| {_cell(label)} | {steps_s} | "
             + (f"{len(g)} | " if repeats else "")
             + " | ".join(vals)
             + f" | {privacy_text(_largest_budget(lasts))} | {done_s} |"
         )
+    if uneven:
+        lines += ["", "\\* the repeats stopped at different steps: their last values are averaged."]
     return "\n".join(lines)
 
 
@@ -171,12 +233,13 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
 
     groups = group_repeats(runs) if group else [[r] for r in runs]
     paths = []
+    labels = distinct_labels(groups)
     for metric in PLOT_METRICS:
         series = []
-        for g in groups:
+        for g, label in zip(groups, labels, strict=True):
             steps, mean, std = _curve(g, metric)
             if steps:
-                label = run_label(g[0]["config"]) + (f" ({len(g)} seeds)" if len(g) > 1 else "")
+                label = " ".join(label.split()) + (f" ({len(g)} seeds)" if len(g) > 1 else "")
                 series.append((label, steps, mean, std, len(g) > 1))
         if not series:
             continue
@@ -189,8 +252,10 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
                 ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("step")
         ax.set_ylabel(HEADERS.get(metric, metric.replace("_", " ")))
-        if metric in LOG_SCALE and all(y > 0 for s in series for y in s[2]):  # the means
-            ax.set_yscale("log")
+        if metric in LOG_SCALE and any(y > 0 for s in series for y in s[2]):  # the means
+            # a zero (the consensus distance at step 0: every node starts at one model) is
+            # left out of a log axis rather than forcing a linear one
+            ax.set_yscale("log", nonpositive="mask")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -216,7 +281,7 @@ def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = T
         raise PrivdlError(
             f"report --out {str(out)!r} is a run's directory: write the report elsewhere"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     plots = plot_runs(runs, out, group=group)
     body = ["# privdl report", "", markdown_table(runs, group=group), ""]
     for p in plots:

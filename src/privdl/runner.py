@@ -340,6 +340,7 @@ def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, An
     with records.exclusive():
         done = records.summary()
         if done is not None:
+            refuse_diverged(done)  # a diverged run stays an error, as when it stopped
             return done
         built = build(cfg, calibrated=True)
         ckpt = records.load_checkpoint()
@@ -377,8 +378,10 @@ def _loop(
     have = {r.get("step") for r in records.rows()} if writer else set()
     start_wall = time.perf_counter() - t0_wall
     t = state.t
-    if writer and t == 0 and 0 not in have:
-        records.append(built.eval_row(state, 0.0))
+    if writer and t not in have and (t == 0 or t % cfg.eval_every == 0 or t == cfg.steps):
+        # step 0, or a resumed checkpoint whose row a crash kept from the metrics (the
+        # checkpoint is saved before its row is appended): the restored state's row
+        records.append(built.eval_row(state, t0_wall))
     last_row = None
     with _progress(cfg.steps, t, enabled) as prog:
         bar = prog.add_task(label or cfg.algorithm, total=cfg.steps, completed=t, info="")

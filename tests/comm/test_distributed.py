@@ -308,6 +308,11 @@ def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, cap
     assert saved == (k // 5) * 5
     other = tmp_path / "other"  # the checkpoint holds every shard: resume on 3 processes too
     shutil.copytree(killed, other)
+    # a crash between the checkpoint and its row: the resume writes the checkpoint's row
+    metrics = killed / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["step"] == saved
+    metrics.write_text("".join(lines[:-1]))
     assert run_ranks(2, _resume_rank, (str(killed),)) == [0, 0]
     assert run_ranks(3, _resume_rank, (str(other),)) == [0, 0, 0]
     ref = tmp_path / "ref"
@@ -373,3 +378,16 @@ def test_single_process_kill_and_resume_is_bit_identical(tmp_path):
     assert torch.equal(a["params"]["x"], b["params"]["x"])
     assert _rows(tmp_path / "killed") == _rows(tmp_path / "full")
     assert resumed["final"]["privacy"] == full["final"]["privacy"]
+
+
+def test_launch_resume_of_a_corrupt_or_seeds_directory_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{bad")
+    assert cli_main(["launch", "--nproc", "2", "--resume", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is corrupt" in err and "Traceback" not in err
+    seeds = tmp_path / "seeds"
+    sp_train({**RUN, "steps": 5}, seeds / "seed-1", progress=False)
+    assert cli_main(["launch", "--nproc", "2", "--resume", str(seeds)]) == 2
+    assert "privdl run --resume" in capsys.readouterr().err

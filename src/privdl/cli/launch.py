@@ -26,7 +26,7 @@ from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
 from privdl.config import FEDERATED, make_config
 from privdl.errors import ConfigError, PrivdlError, ReportedError
-from privdl.records import RunRecords
+from privdl.records import RunRecords, seed_run_dirs
 
 _OWN = (
     click.Option(["--nproc"], type=int, default=2, show_default=True, help="Processes to start."),
@@ -167,9 +167,13 @@ def _launch(
     if resume_dir:
         refuse_options_with_resume(algorithm, config_file, sets, out, None, overwrite, flags)
         out_dir = Path(resume_dir)
-        if not (out_dir / "config.json").is_file():
-            raise PrivdlError(f"{out_dir} is not a privdl run directory (no config.json)")
-        cfg = make_config(json.loads((out_dir / "config.json").read_text()))
+        if not (out_dir / "config.json").is_file() and seed_run_dirs(out_dir):
+            raise ConfigError(
+                f"{out_dir} holds the runs of --seeds and privdl launch runs one seed: resume "
+                f"them with privdl run --resume {out_dir}, or one with launch --resume "
+                f"{out_dir}/seed-K"
+            )
+        cfg = make_config(RunRecords(out_dir).config())  # a corrupt file: one line
     else:
         cfg = make_config(command_line_values(config_file, algorithm, flags, sets))
         out_dir = Path(out or f"runs/{cfg.algorithm}")
