@@ -96,8 +96,14 @@ def _error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize(
-    "garbage", [b"42\n", b"[1, 2]\n", b'{"loss": 1.0}\n', b'{"step": "x", "loss": 1}\n',
-                bytes(range(128, 256)) + b"\n"],  # fmt: skip
+    "garbage",
+    [
+        b"42\n",
+        b"[1, 2]\n",
+        b'{"loss": 1.0}\n',
+        b'{"step": "x", "loss": 1}\n',
+        bytes(range(128, 256)) + b"\n",
+    ],  # fmt: skip
 )
 def test_unreadable_metric_lines_are_skipped_with_one_warning(tmp_path, capsys, garbage):
     """Each of these lines was a traceback (AttributeError, KeyError, TypeError,

@@ -145,7 +145,9 @@ def test_resume_after_a_crash_mid_record_loses_no_row(tmp_path, crash):
 
 
 def test_a_diverged_run_stays_an_error_when_resumed(tmp_path):
-    cfg = make_config({"task": "least-squares", "graph": "ring:4", "steps": 60, "eval_every": 20, "lr": 50.0})
+    cfg = make_config(
+        {"task": "least-squares", "graph": "ring:4", "steps": 60, "eval_every": 20, "lr": 50.0}
+    )
     with pytest.raises(PrivdlError, match="diverged at step 20"):
         train(cfg, tmp_path / "d", progress=False)
     with pytest.raises(PrivdlError, match="diverged at step 20"):

@@ -70,6 +70,17 @@ def test_privsgp_cifar_t16_and_accounted_hazard():
     assert plan.values["sigma"] == pytest.approx(0.225857, abs=1e-6)
     assert plan.nominal.nominal and plan.nominal.epsilon == 3
     assert plan.accounted.epsilon > 100  # the formula's sigma is ~70x too small (spec s.8.4)
+    # certified: K Gaussian steps at sensitivity (4 + 2/J) G, no amplification, classic
+    from privdl.accounting.conversion import compose_convert
+
+    sens = (4 + 2 / 3125) * 10
+    rho = sens**2 / (2 * plan.values["sigma"] ** 2)
+    assert plan.accounted.epsilon == pytest.approx(
+        compose_convert(rho, steps=3120, delta=1e-5, conversion="classic"), rel=1e-12
+    )
+    assert plan.accounted.accountant == "gaussian-rdp+classic"
+    # the paper-style Poisson number is smaller: an approximation, kept for comparison
+    assert plan.values["epsilon_poisson_approximation"] < plan.accounted.epsilon
 
 
 def test_porter_formulas():
@@ -95,10 +106,31 @@ def test_porter_accounted_vs_nominal():
     give ~15. Either way the nominal 0.1 is off by two orders of magnitude.
     """
     plan = porter_plan(tau=1, steps=1000, delta=1e-3, local_samples=3256, epsilon=0.1)
-    assert plan.accounted.epsilon > 100 * 0.1
+    assert plan.values["epsilon_add_remove_poisson"] > 100 * 0.1
+    assert plan.accounted.epsilon > plan.values["epsilon_add_remove_poisson"]
     assert any("T/m^2" in w for w in plan.warnings)
     plan = porter_plan(tau=1, steps=10000, delta=1e-3, local_samples=3256, epsilon=0.01)
-    assert plan.accounted.epsilon < 0.014 * 1.05  # spec: about 0.014 (classic); ours is tighter
+    # spec: about 0.014 under add/remove (classic conversion); dp-accounting's is tighter
+    assert plan.values["epsilon_add_remove_poisson"] < 0.014 * 1.05
+
+
+def test_porter_plan_accounts_as_the_run_does():
+    """Definition 4 is replace-one: the plan's accounted epsilon is the one ``privdl run
+    porter-dp`` labels a b = 1 run with (it used add/remove with sensitivity tau, 4x lower)."""
+    from privdl.accounting.dpsgd import event_epsilon
+    from privdl.accounting.events import DecorStepEvent
+
+    tau, m, t = 1.0, 3256, 1000
+    plan = porter_plan(tau=tau, steps=t, delta=1e-3, local_samples=m, epsilon=0.01)
+    sigma = plan.values["sigma_p"]
+    run = DecorStepEvent(
+        step_rdp=(2 * tau) ** 2 / (2 * sigma**2),  # replace-one sensitivity 2 tau, b = 1
+        steps=t, threat_model="ldp", sampling_rate=1 / m, sampling="fixed_size", dataset_size=m,
+    )  # fmt: skip
+    expected = event_epsilon(run.as_gaussian("replace_one"), delta=1e-3, accountant="rdp")
+    assert plan.accounted.epsilon == pytest.approx(expected, rel=1e-9)
+    assert plan.accounted.neighbouring == "replace_one" and plan.accounted.threat_model == "ldp"
+    assert plan.accounted.epsilon > 3 * plan.values["epsilon_add_remove_poisson"]
 
 
 def test_robust_hdp_z_o6_o7():

@@ -126,3 +126,52 @@ def test_fig8_grid_is_the_specs_derived_k_star_and_eq11_noise():
         assert abs(k_lo - k_star / 2) <= 0.5 and k_hi == 2 * k_star
         assert abs(s_hi / s_lo - (k_hi / k_lo) ** 0.5) < 1e-12
     assert stars == [92, 207, 368, 575, 828, 1127, 1472]
+
+
+def test_the_sweeps_report_the_budget_they_were_given(tmp_path, shared_datasets):
+    """``--set epsilon=2 --set delta=1e-3`` changed the sigma columns while the report still
+    said (1, 1e-5), and summary.json kept no budget."""
+    from privdl.accounting.conversion import step_rdp_for_epsilon
+    from privdl.experiments.privsgp import _cfg as privsgp_cfg
+
+    mnist = shared_datasets / "mnist"
+    if not mnist.is_dir():
+        pytest.skip(f"MNIST not found under {mnist}")
+    overrides = {"epsilon": "2", "delta": "1e-3", "k_ratios": "1"}
+    summary = get("privsgp-mnist-ksweep").run(
+        tmp_path, quick=True, data_dir=str(mnist), overrides=overrides
+    )
+    report = (tmp_path / "report.md").read_text()
+    assert "budget (2, 0.001) per node" in report and "is NOMINAL" in report
+    budget = summary["budget"]
+    assert (budget["epsilon"], budget["delta"], budget["nominal"]) == (2.0, 1e-3, True)
+    assert budget["neighbouring"] == "replace_one" and budget["threat_model"] == "ldp"
+    (run,) = summary["results"].values()
+    # the certified sigma meets (2, 1e-3) at K Gaussian steps of sensitivity (4 + 2/J_b) C / B
+    _, cfg = privsgp_cfg("privsgp-mnist-ksweep", True, overrides)
+    j_b = cfg["n_train"] // cfg["n"] // cfg["block_size"]
+    sens = (4 + 2 / j_b) * cfg["clip"] / cfg["block_size"]
+    rho = sens**2 / (2 * run["sigma_certified"] ** 2)
+    assert rho == pytest.approx(step_rdp_for_epsilon(2.0, steps=run["K"], delta=1e-3), rel=1e-9)
+    assert run["sigma_certified"] > run["sigma_accounted"] > run["sigma"]
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [("n=0", "n must be at least 2"), ("k_star=0", "k_star must be > 0"),
+     ("hidden=0", "hidden must be > 0"), ("block_size=0", "block_size must be > 0"),
+     ("sigma2_at_kstar=-1", "sigma2_at_kstar must be >= 0"), ("delta=2", "delta must be in (0, 1)"),
+     ("epsilon=nan", "epsilon must be > 0"), ("k_ratios=", "k_ratios needs at least one value"),
+     ("k_ratios=[]", "expected comma-separated float values")],
+)  # fmt: skip
+def test_bad_preset_values_are_one_line_and_leave_no_directory(tmp_path, capsys, setting, message):
+    """Each was a ZeroDivisionError / RuntimeError / ValueError traceback, or (delta=2,
+    epsilon=nan) a finished report with a wrong budget; each left an OUT holding a .lock."""
+    from privdl.cli.main import main
+
+    out = tmp_path / "o"
+    assert main(["reproduce", "privsgp-mnist-ksweep", "--quick", "--set", setting,
+                 "--out", str(out)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()

@@ -152,9 +152,12 @@ def privsgp_plan(
 ) -> NominalPlan:
     """Theorem 2's sigma_i and the epsilon an RDP accountant certifies for it.
 
-    Accounting: noise multiplier z = sigma_i / (3G) (sensitivity 3G), sampling rate 1/J, K steps,
-    Poisson sampling and add/remove (the algorithm samples one point uniformly; the SAGA mean term
-    touches every sample, so even this is optimistic, spec s.8 item 4).
+    Certified (``accounted``), as ``privdl run privsgp-vr`` labels its runs: the SAGA mean term
+    touches every sample, so there is no subsampling amplification; a replaced sample moves the
+    step's vector by up to (4 + 2/J) G (privdl.privacy.privsgp_sensitivity, B = 1); K Gaussian
+    steps composed in RDP, classic conversion, replace-one. ``values["epsilon_poisson_
+    approximation"]``: the paper-style number (sensitivity 3G, Poisson rate 1/J, add/remove),
+    an approximation that no theorem certifies (spec s.8 item 4), for comparison.
     """
     sigma = privsgp_sigma(
         gradient_bound=gradient_bound,
@@ -164,13 +167,29 @@ def privsgp_plan(
         delta=delta,
         c2=c2,
     )
+    from privdl.accounting.conversion import compose_convert
+
     z = sigma / (3.0 * gradient_bound)
-    accounted = dpsgd_budget(
+    approx = dpsgd_budget(
         noise_multiplier=z,
         sampling_rate=1.0 / local_samples,
         steps=int(steps),
         delta=delta,
-        threat_model="curious",
+        threat_model="ldp",
+    )
+    sensitivity = (4.0 + 2.0 / local_samples) * gradient_bound
+    step_rdp = sensitivity**2 / (2.0 * sigma**2)
+    accounted = PrivacyBudget(
+        epsilon=compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic"),
+        delta=delta,
+        accountant="gaussian-rdp+classic",
+        neighbouring="replace_one",
+        unit="example",
+        threat_model="ldp",
+        notes=(
+            f"no subsampling amplification (the SAGA mean depends on every sample); "
+            f"sensitivity (4+2/J)G with J={local_samples}; step_rdp={step_rdp:.6g}"
+        ),
     )
     nominal = PrivacyBudget(
         epsilon=epsilon,
@@ -178,13 +197,17 @@ def privsgp_plan(
         accountant="nominal:privsgp-thm2",
         neighbouring="replace_one",
         unit="example",
-        threat_model="curious",
+        threat_model="ldp",
         nominal=True,
         notes=f"c2={c2} (unspecified in the paper)",
     )
-    return NominalPlan(
-        "privsgp-thm2", {"sigma": sigma, "noise_multiplier": z, "c2": c2}, nominal, accounted
-    )
+    values = {
+        "sigma": sigma,
+        "noise_multiplier": z,
+        "c2": c2,
+        "epsilon_poisson_approximation": approx.epsilon,
+    }
+    return NominalPlan("privsgp-thm2", values, nominal, accounted)
 
 
 # --------------------------------------------------------------------------- PORTER
@@ -215,7 +238,12 @@ def porter_plan(
 ) -> NominalPlan:
     """Theorem 1's sigma_p, its validity checks (spec s.4.2) and the accounted epsilon.
 
-    Accounting: z = sigma_p / tau (b = 1, add/remove sensitivity tau), q = 1/m, T steps, Poisson.
+    Accounting under the paper's own relation (Definition 4: replace-one, the LDP of each
+    agent's dataset) and sampling (b = 1 uniform of m): T steps of a sampled-without-replacement
+    Gaussian with noise multiplier sigma_p / (2 tau) (a replaced sample moves the clipped
+    gradient by up to 2 tau) -- the accountant ``privdl run porter-dp`` labels its runs with.
+    ``values["epsilon_add_remove_poisson"]`` is the ACG-style number (add/remove, sensitivity
+    tau, Poisson q = 1/m) the spec quotes, for comparison; it is not the paper's relation.
     """
     sigma = porter_sigma(
         tau=tau, steps=steps, delta=delta, local_samples=local_samples, epsilon=epsilon, c=c
@@ -238,15 +266,26 @@ def porter_plan(
             dim=dim, local_samples=local_samples, epsilon=epsilon, delta=delta
         )
     accounted = dpsgd_budget(
-        noise_multiplier=z, sampling_rate=q, steps=int(steps), delta=delta, threat_model="curious"
+        noise_multiplier=z / 2.0,
+        sampling_rate=q,
+        steps=int(steps),
+        delta=delta,
+        sampling="fixed_size",
+        neighbouring="replace_one",
+        dataset_size=int(local_samples),
+        threat_model="ldp",
     )
+    values["noise_multiplier_replace_one"] = z / 2.0
+    values["epsilon_add_remove_poisson"] = dpsgd_budget(
+        noise_multiplier=z, sampling_rate=q, steps=int(steps), delta=delta, threat_model="ldp"
+    ).epsilon
     nominal = PrivacyBudget(
         epsilon=epsilon,
         delta=delta,
         accountant="nominal:porter-thm1",
         neighbouring="replace_one",
         unit="example",
-        threat_model="curious",
+        threat_model="ldp",
         nominal=True,
         notes=f"c={c}; proof's leading constant is 2",
     )

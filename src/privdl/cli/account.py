@@ -43,6 +43,12 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
         table.add_row(str(key), str(value))
     if budget.get("notes"):
         table.add_row("notes", str(budget["notes"]))
+    for key in ("nominal", "accounted"):  # a plan's two budgets, each with its full label
+        if isinstance(obj.get(key), dict) and "epsilon" in obj[key]:
+            from privdl.accounting.budget import PrivacyBudget
+
+            b = PrivacyBudget(**obj[key])
+            table.add_row(f"{key} (label)", b.label() + (f"; {b.notes}" if b.notes else ""))
     Console().print(table)
 
 

@@ -72,8 +72,17 @@ def reproduce(
         kwargs["overrides"] = _parse_overrides(overrides)
     from privdl.records import RunRecords
 
-    with RunRecords(out_dir).exclusive():  # one writer per output directory, as for runs
-        rep.run(out_dir, **kwargs)
+    fresh = not out_dir.exists()
+    try:
+        with RunRecords(out_dir).exclusive():  # one writer per output directory, as for runs
+            rep.run(out_dir, **kwargs)
+    except BaseException:
+        # refused (bad --set, missing data) before writing anything: leave no empty directory
+        if fresh and out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {".lock"}:
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     click.echo((out_dir / "report.md").read_text())
     click.echo(f"written: {out_dir}")
     tally = check_tally(out_dir / "summary.json")

@@ -113,5 +113,10 @@ def parse_like(key: str, raw: Any, like: Any) -> Any:
             items = [v.strip() for v in raw.split(",")] if raw.strip() else []
             return [parse_like(key, v, like[0] if like else v) for v in items]
     except ValueError:
+        if isinstance(like, list):
+            kind = type(like[0]).__name__ if like else "value"
+            raise ConfigError(
+                f"--set {key}={raw}: expected comma-separated {kind} values (e.g. {key}=1,2)"
+            ) from None
         raise ConfigError(f"--set {key}={raw}: expected a {type(like).__name__}") from None
     return raw
