@@ -307,3 +307,23 @@ def test_reproduce_prints_how_many_checks_hold(tmp_path, capsys):
     assert check_tally(path) == "checks: 1 of 3 hold; failed: x; y"
     path.write_text(json.dumps({"grid": [1]}))
     assert check_tally(path) is None
+
+
+def test_reproduce_refuses_a_directory_holding_another_reproduction(tmp_path, capsys):
+    """robust-hdp-table3 into porter-a9a's output (or one Robust-HDP table resumed into
+    another's) ran and left a directory mixing both."""
+    out = tmp_path / "fig2"
+    assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    assert main(["reproduce", "robust-hdp-table3", "--quick", "--out", str(out)]) == 2
+    assert "holds reproduction 'decor-fig2', not 'robust-hdp-table3'" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before
+    # a directory from before the marker: its summary.json names the reproduction
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "summary.json").write_text(json.dumps({"reproduction": "porter-a9a"}))
+    assert main(["reproduce", "robust-hdp-table3", "--quick", "--out", str(old)]) == 2
+    assert "holds reproduction 'porter-a9a'" in capsys.readouterr().err
+    # the same reproduction again is fine
+    assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 0

@@ -43,7 +43,17 @@ def test_mnist_quick(tmp_path, shared_datasets) -> None:
     mnist = shared_datasets / "mnist"
     if not (mnist / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"MNIST files not found in {mnist}")
-    _run("robust-hdp-mnist", tmp_path, str(mnist))
+    s = _run("robust-hdp-mnist", tmp_path, str(mnist))
+    # the Dist budgets are labelled: nominal targets, and the largest certified ratio
+    ratio = max(
+        r["max_accounted_over_target"]
+        for d in s["results"].values()
+        for r in d.values()
+        if "max_accounted_over_target" in r  # FedAvg is not private
+    )
+    report = (tmp_path / "report.md").read_text()
+    assert "eps_i is NOMINAL" in report and "add/remove, example level" in report
+    assert f"at most {ratio:.3f} x eps_i" in report
 
 
 @pytest.mark.slow

@@ -75,10 +75,12 @@ def reproduce(
     fresh = not out_dir.exists()
     try:
         with RunRecords(out_dir).exclusive():  # one writer per output directory, as for runs
+            _refuse_another_reproduction(out_dir, name)
+            (out_dir / MARKER).write_text(name + "\n")
             rep.run(out_dir, **kwargs)
     except BaseException:
         # refused (bad --set, missing data) before writing anything: leave no empty directory
-        if fresh and out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {".lock"}:
+        if fresh and out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {".lock", MARKER}:
             import shutil
 
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -116,6 +118,29 @@ def check_tally(summary_path: Path) -> str | None:
     failed = [name for name, ok in results if not ok]
     line = f"checks: {len(results) - len(failed)} of {len(results)} hold"
     return line + (f"; failed: {'; '.join(failed)}" if failed else "")
+
+
+#: The file naming the reproduction an output directory holds (written before it runs).
+MARKER = ".privdl-reproduction"
+
+
+def _refuse_another_reproduction(out_dir: Path, name: str) -> None:
+    """An output directory holding another reproduction is refused (its figures, cells and
+    report would be mixed with this one's), named by its marker or its summary.json."""
+    import json
+
+    held = None
+    if (out_dir / MARKER).is_file():
+        held = (out_dir / MARKER).read_text().strip()
+    elif (out_dir / "summary.json").is_file():
+        try:
+            held = json.loads((out_dir / "summary.json").read_text()).get("reproduction")
+        except (ValueError, AttributeError):
+            held = None
+    if held and held != name:
+        raise ConfigError(
+            f"{out_dir} holds reproduction {held!r}, not {name!r}: choose another --out"
+        )
 
 
 def _check_device(device: str) -> str:
