@@ -21,6 +21,11 @@ def _check_outputs(out, summary, which):
     report = (out / "report.md").read_text()
     assert "accounted eps" in report and "Paper orderings" in report
     assert "NOMINAL epsilon" in report.split("## Results")[1]  # the eps=E run labels
+    majority = summary["facts"]["majority_class_test_accuracy"]
+    assert f"Always predicting the most frequent test label scores {majority:.4f}" in report
+    # replace-one accounting (the paper's Definition 4) certifies more than add/remove
+    for row in summary["privacy"]:
+        assert row["epsilon_accounted"] > row["epsilon_add_remove_poisson"]
 
 
 def _check_privacy_rows(summary, pre):
@@ -44,6 +49,8 @@ def test_porter_a9a_quick(tmp_path, shared_datasets):
     _check_outputs(out, summary, "a9a")
     facts = summary["facts"]
     assert (facts["dim"], facts["k"], facts["local_samples"]) == (124, 6, 3256)  # spec D8, §6.3
+    # UCI Adult's test file: 12,435 of its 16,281 rows earn <= 50K
+    assert facts["majority_class_test_accuracy"] == pytest.approx(12435 / 16281, rel=1e-12)
     _check_privacy_rows(summary, load_preset("porter-a9a"))
 
 

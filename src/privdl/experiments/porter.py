@@ -372,8 +372,18 @@ def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = Tr
         "tau": pre["tau"],
         "clip_kind": pre["clip_kind"],
         "step_sizes": hp,
+        "majority_class_test_accuracy": _majority_rate(task),
     }
     return Setup(pre, run, task, comm, comp, priv, facts)
+
+
+def _majority_rate(task: Any) -> float:
+    """The test accuracy of always predicting the most frequent test label."""
+    labels = getattr(task, "test_labels", None)
+    if labels is None:
+        labels = task.y_test
+    _, counts = torch.unique(labels, return_counts=True)
+    return float(counts.max()) / float(labels.numel())
 
 
 def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str, Any]:
@@ -597,6 +607,19 @@ def _report(which: str, s: dict[str, Any]) -> str:
             f"| {name} | {v['utility_final']:.4g} | {v['utility_avg_final']:.4g} | "
             f"{v['loss_final']:.4g} | {v['accuracy_final']:.4f} | {v['bits_per_agent_total']:,} |"
         )
+    majority = s["facts"].get("majority_class_test_accuracy")
+    if majority is not None:
+        constant = [n for n, v in s["finals"].items() if abs(v["accuracy_final"] - majority) < 5e-4]
+        lines += [
+            "",
+            f"Always predicting the most frequent test label scores {majority:.4f}"
+            + (
+                f"; {', '.join(constant)} sit at that rate (a one-class classifier), so "
+                "accuracy differences between them say nothing."
+                if constant
+                else "."
+            ),
+        ]
     lines += ["", "## Paper orderings (qualitative) beside ours", ""]
     for key, text in s["paper_orderings"].items():
         o = s["observed_vs_paper"][key]
