@@ -180,3 +180,15 @@ def test_diverged_and_uneven_repeats_are_marked(tmp_path):
     d.append({"step": 20, "loss": float("nan"), "diverged": True})
     d.finish({"completed": False, "steps_done": 20, "final": {"diverged": True}})
     assert _cell(markdown_table(load_runs([tmp_path / "d"])), 0, "complete") == "diverged"
+
+
+def test_copies_of_one_run_are_named_by_their_directories(tmp_path):
+    import shutil
+
+    a = _fake_run(tmp_path / "first", seed=1, accuracy=0.7)
+    shutil.copytree(a, tmp_path / "copy")
+    table = markdown_table(load_runs([a, tmp_path / "copy"]))
+    assert [_cell(table, i, "run") for i in (0, 1)] == [
+        "ldp / ring:8 [first]",
+        "ldp / ring:8 [copy]",
+    ]

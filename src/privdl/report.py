@@ -63,8 +63,19 @@ def distinct_labels(groups: list[list[dict[str, Any]]]) -> list[str]:
         differ = [k for k in keys if len({json.dumps(c.get(k), default=str) for c in cfgs}) > 1]
         for i, c in zip(same, cfgs, strict=True):
             if differ:
-                labels[i] = f"{label} ({', '.join(f'{k}={c.get(k)}' for k in differ)})"
+                labels[i] = (
+                    f"{label} ({', '.join(f'{k}={_short_value(c.get(k))}' for k in differ)})"
+                )
+    for label in set(labels):  # the same config (say a copy of a run): name the directories
+        same = [i for i, x in enumerate(labels) if x == label]
+        if len(same) > 1:
+            for i in same:
+                labels[i] = f"{label} [{Path(groups[i][0]['dir']).name}]"
     return labels
+
+
+def _short_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _field_order(key: str) -> tuple[int, str]:
