@@ -268,10 +268,13 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
             # left out of a log axis rather than forcing a linear one
             ax.set_yscale("log", nonpositive="mask")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        if len(series) > 5:  # many runs: the legend beside the axes (the saved image grows)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        else:
+            ax.legend(fontsize=8)
+            fig.tight_layout()
         p = out / f"{metric}.png"
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(p)
     return paths
