@@ -141,6 +141,23 @@ def privsgp_optimal_steps(
     return float(k_star), float(u_star)
 
 
+def nominal_ldp_budget(
+    epsilon: float, delta: float, *, formula: str, notes: str = ""
+) -> PrivacyBudget:
+    """The per-node budget a paper's noise formula is named by (PrivSGP-VR eq. (11), PORTER
+    Theorem 1): NOMINAL, example level, replace-one, threat model ldp."""
+    return PrivacyBudget(
+        epsilon=epsilon,
+        delta=delta,
+        accountant=f"nominal:{formula}",
+        neighbouring="replace_one",
+        unit="example",
+        threat_model="ldp",
+        nominal=True,
+        notes=notes,
+    )
+
+
 def privsgp_plan(
     *,
     gradient_bound: float,
@@ -191,16 +208,8 @@ def privsgp_plan(
             f"sensitivity (4+2/J)G with J={local_samples}; step_rdp={step_rdp:.6g}"
         ),
     )
-    nominal = PrivacyBudget(
-        epsilon=epsilon,
-        delta=delta,
-        accountant="nominal:privsgp-thm2",
-        neighbouring="replace_one",
-        unit="example",
-        threat_model="ldp",
-        nominal=True,
-        notes=f"c2={c2} (unspecified in the paper)",
-    )
+    notes = f"c2={c2} (unspecified in the paper)"
+    nominal = nominal_ldp_budget(epsilon, delta, formula="privsgp-thm2", notes=notes)
     values = {
         "sigma": sigma,
         "noise_multiplier": z,
@@ -279,16 +288,8 @@ def porter_plan(
     values["epsilon_add_remove_poisson"] = dpsgd_budget(
         noise_multiplier=z, sampling_rate=q, steps=int(steps), delta=delta, threat_model="ldp"
     ).epsilon
-    nominal = PrivacyBudget(
-        epsilon=epsilon,
-        delta=delta,
-        accountant="nominal:porter-thm1",
-        neighbouring="replace_one",
-        unit="example",
-        threat_model="ldp",
-        nominal=True,
-        notes=f"c={c}; proof's leading constant is 2",
-    )
+    notes = f"c={c}; proof's leading constant is 2"
+    nominal = nominal_ldp_budget(epsilon, delta, formula="porter-thm1", notes=notes)
     return NominalPlan("porter-thm1", values, nominal, accounted, warns)
 
 

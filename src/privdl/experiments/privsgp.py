@@ -436,18 +436,10 @@ _BUDGET_NOTE = (
 
 def _nominal_budget(epsilon: float, delta: float) -> dict[str, Any]:
     """The labelled budget the sweeps' runs are named by (nominal: eq. (11)'s sigma)."""
-    from privdl.accounting.budget import PrivacyBudget
+    from privdl.accounting.nominal import nominal_ldp_budget
 
-    return PrivacyBudget(
-        epsilon=epsilon,
-        delta=delta,
-        accountant="nominal:privsgp-thm2",
-        neighbouring="replace_one",
-        unit="example",
-        threat_model="ldp",
-        nominal=True,
-        notes="per node; runs use eq. (11)'s sigma, which no accountant certifies for it",
-    ).to_dict()
+    notes = "per node; runs use eq. (11)'s sigma, which no accountant certifies for it"
+    return nominal_ldp_budget(epsilon, delta, formula="privsgp-thm2", notes=notes).to_dict()
 
 
 def _budget_cells(run: dict[str, Any]) -> list[str]:
