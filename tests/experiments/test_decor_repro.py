@@ -182,8 +182,7 @@ def test_quick_fig1a(tmp_path) -> None:
     assert (tmp_path / "fig1a.png").is_file()
 
 
-@pytest.mark.slow
-def test_quick_fig1b(tmp_path) -> None:
+def test_quick_fig1b(tmp_path) -> None:  # in the default run: its noise-free floors broke once
     s = get("decor-fig1b").run(tmp_path, quick=True)
     assert all(c["pass"] for c in s["checks"]), s["checks"]
     assert 0.25 < s["l_star"] < 0.40
@@ -195,8 +194,9 @@ def test_quick_fig1b(tmp_path) -> None:
     assert "noise-free gap" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.slow
-def test_quick_fig1c(tmp_path, shared_datasets) -> None:
+def test_quick_fig1c(tmp_path, shared_datasets) -> None:  # default run: its task probe broke once
+    if not (shared_datasets / "mnist").is_dir():
+        pytest.skip(f"MNIST not found under {shared_datasets}")
     s = get("decor-fig1c").run(tmp_path, quick=True, data_dir=str(shared_datasets))
     for c in s["checks"]:
         if c["kind"] == "accounting" or (

@@ -183,6 +183,7 @@ def test_bits() -> None:
 def test_parse_compressor() -> None:
     assert parse_compressor("randk:0.05") == RandomK(fraction=0.05)
     assert parse_compressor("randk:6") == RandomK(k=6)
+    assert parse_compressor("random:0.05") == RandomK(fraction=0.05)  # the alias the docs name
     assert parse_compressor("topk:0.1") == TopK(fraction=0.1)
     assert parse_compressor("qsgd:16") == QSGD(levels=16)
     assert parse_compressor("none") == Identity()

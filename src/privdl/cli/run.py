@@ -124,7 +124,8 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.option("--adversary", help="eavesdropper, curious, collusion:Q or ldp (DECOR).")
 @click.option("--label", help="A name for the run in reports.")
 @click.option(
-    "--compressor", help="PORTER compressor: none, randk:F (alias random:F), urandk, topk, qsgd:L."
+    "--compressor",
+    help="PORTER compressor: none, randk:F (alias random:F), urandk:F, bernk:F, topk:F, qsgd:L.",
 )
 @click.option("--gamma", type=float, help="PORTER consensus step size gamma in (0, 1].")
 @click.option("--block-size", type=int, help="PrivSGP-VR samples per SAGA table entry.")

@@ -25,6 +25,7 @@ from privdl.experiments.decor import (
     _preset,
     _simulate,
     _table,
+    non_private,
 )
 
 # --- Fig 1c: MNIST, example level ----------------------------------------------------------------
@@ -142,7 +143,7 @@ def run_fig1c(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = fig1c_base(p, data_dir=data_dir, device=device)
-    probe = build_task(make_config(dict(base, graph="ring:16", clip=1.0)))
+    probe = build_task(make_config(dict(non_private(base), graph="ring:16", clip=1.0)))
     rate = probe.sampling_rate
     gl = p["sigma_cdp_grid"]
     grid = np.linspace(gl[0], gl[1], int(gl[2]))

@@ -341,13 +341,14 @@ def parse_compressor(spec: str, *, value_bits: int = 32) -> Compressor:
     """Build a compressor from a CLI/config spec.
 
     Forms: ``"none"`` / ``"identity"``; ``"randk:0.05"`` (biased random-k, share of coordinates)
-    or ``"randk:6"`` (absolute k); ``"urandk:..."`` (unbiased, P/k-scaled random-k);
+    or ``"randk:6"`` (absolute k; alias ``"random:..."``); ``"urandk:..."`` (unbiased, P/k-scaled random-k);
     ``"bernk:0.05"`` (Bernoulli random sparsification); ``"topk:0.1"``; ``"qsgd:16"`` (levels).
     A number with a decimal point is a fraction in (0, 1]; an integer is a count.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"compressor spec must be a non-empty string, got {spec!r}")
     name, sep, arg = spec.strip().lower().partition(":")
+    name = "randk" if name == "random" else name  # the paper's "random_k" wording
     if name in ("none", "identity"):
         if sep:
             raise ConfigError(f"compressor {name!r} takes no argument, got {spec!r}")
