@@ -263,6 +263,7 @@ def run_worker(
         finish_run,
         import_state,
         refuse_diverged,
+        row_missing,
     )
 
     if cfg is not None and not isinstance(cfg, RunConfig):
@@ -306,10 +307,8 @@ def run_worker(
         kill = _kill_step(rank)
         have = {r.get("step") for r in records.rows()} if records is not None else set()
         start_wall = time.perf_counter() - wall0
-        t, every = state.t, cfg.eval_every
-        if records is not None and t not in have and (t == 0 or t % every == 0 or t == cfg.steps):
-            # step 0, or a checkpoint whose row a crash kept from the metrics (runner._loop)
-            records.append(_eval_row(built, full, t, wall0))
+        if records is not None and row_missing(cfg, state.t, have):
+            records.append(_eval_row(built, full, state.t, wall0))
         enabled = rank == 0 and (sys.stderr.isatty() if progress is None else progress)
         last_row, evaluated = None, False
         with _progress(cfg.steps, state.t, enabled) as prog:

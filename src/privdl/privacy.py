@@ -237,9 +237,12 @@ def privsgp_sensitivity(cfg, task) -> float:
     PrivSGP-VR: ``||h - T[xi] + mean T||`` changes by ``2C/B + 2C/B + 2C/(B J)`` when the
     example's block is drawn and by ``2C/(B J)`` otherwise; the worst case is used.
     """
+    from privdl.accounting.nominal import privsgp_vr_sensitivity
+
     j, b = privsgp_geometry(cfg, task)
-    c = float(cfg.clip) / b
-    return (4.0 + 2.0 / j) * c if cfg.algorithm == "privsgp-vr" else 2.0 * c
+    if cfg.algorithm == "privsgp-vr":
+        return privsgp_vr_sensitivity(float(cfg.clip), entries=j, block_size=b)
+    return 2.0 * float(cfg.clip) / b
 
 
 def _privsgp_sigma(cfg, task, *, delta: float) -> float:

@@ -8,6 +8,7 @@ and one line per run). Repeats that spent different budgets show the largest eps
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -80,10 +81,15 @@ def _short_value(value: Any) -> str:
 
 def _field_order(key: str) -> tuple[int, str]:
     """Config keys in :class:`~privdl.config.RunConfig`'s order (seed before data_seed)."""
+    fields = _config_fields()
+    return (fields.get(key, len(fields)), key)
+
+
+@functools.cache
+def _config_fields() -> dict[str, int]:
     from privdl.config import RunConfig
 
-    fields = list(RunConfig.model_fields)
-    return (fields.index(key) if key in fields else len(fields), key)
+    return {name: i for i, name in enumerate(RunConfig.model_fields)}
 
 
 def privacy_text(priv: dict[str, Any] | None) -> str:

@@ -352,6 +352,13 @@ def resume(out_dir: str | Path, *, progress: bool | None = None) -> dict[str, An
         return _loop(built, records, state, progress=progress, stop_after=None, t0_wall=wall)
 
 
+def row_missing(cfg: RunConfig, t: int, have: set) -> bool:
+    """Whether a run starting (or resuming) at step ``t`` must write that step's row first:
+    step 0, or a checkpoint whose row a crash kept from the metrics (the checkpoint is saved
+    before its row is appended)."""
+    return t not in have and (t == 0 or t % cfg.eval_every == 0 or t == cfg.steps)
+
+
 def _loop(
     built: Any,
     records: RunRecords | None,
@@ -378,9 +385,7 @@ def _loop(
     have = {r.get("step") for r in records.rows()} if writer else set()
     start_wall = time.perf_counter() - t0_wall
     t = state.t
-    if writer and t not in have and (t == 0 or t % cfg.eval_every == 0 or t == cfg.steps):
-        # step 0, or a resumed checkpoint whose row a crash kept from the metrics (the
-        # checkpoint is saved before its row is appended): the restored state's row
+    if writer and row_missing(cfg, t, have):
         records.append(built.eval_row(state, t0_wall))
     last_row = None
     with _progress(cfg.steps, t, enabled) as prog:

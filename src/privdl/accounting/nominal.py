@@ -141,6 +141,13 @@ def privsgp_optimal_steps(
     return float(k_star), float(u_star)
 
 
+def privsgp_vr_sensitivity(clip: float, *, entries: int, block_size: int = 1) -> float:
+    """Replace-one L2 sensitivity of one PrivSGP-VR step's vector ``h - T[xi] + mean(T)`` before
+    noise: ``(4 + 2/J) C / B`` with J table entries of B per-sample gradients clipped at C (the
+    example's block drawn: 2C/B + 2C/B + 2C/(BJ); otherwise 2C/(BJ); the worst case)."""
+    return (4.0 + 2.0 / entries) * clip / block_size
+
+
 def nominal_ldp_budget(
     epsilon: float, delta: float, *, formula: str, notes: str = ""
 ) -> PrivacyBudget:
@@ -194,7 +201,7 @@ def privsgp_plan(
         delta=delta,
         threat_model="ldp",
     )
-    sensitivity = (4.0 + 2.0 / local_samples) * gradient_bound
+    sensitivity = privsgp_vr_sensitivity(gradient_bound, entries=local_samples)
     step_rdp = sensitivity**2 / (2.0 * sigma**2)
     accounted = PrivacyBudget(
         epsilon=compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic"),
@@ -233,6 +240,26 @@ def porter_sigma(
     check_delta(delta)
     _positive(tau=tau, steps=steps, local_samples=local_samples, epsilon=epsilon, c=c)
     return c * tau * math.sqrt(steps * math.log(1.0 / delta)) / (local_samples * epsilon)
+
+
+def porter_accounted_sigma(
+    *, tau: float, steps: int, delta: float, local_samples: int, epsilon: float, rtol: float = 1e-3
+) -> float:
+    """The sigma_p the accountant of :func:`porter_plan` needs for ``epsilon`` (replace-one,
+    b = 1 of m without replacement: a replaced sample moves the clipped gradient by 2 tau)."""
+    from privdl.accounting.dpsgd import calibrate_noise_multiplier
+
+    z = calibrate_noise_multiplier(
+        target_epsilon=epsilon,
+        sampling_rate=1.0 / local_samples,
+        steps=int(steps),
+        delta=delta,
+        sampling="fixed_size",
+        neighbouring="replace_one",
+        dataset_size=int(local_samples),
+        rtol=rtol,
+    )
+    return 2.0 * tau * z
 
 
 def porter_plan(

@@ -274,8 +274,7 @@ def _privacy_rows(
 ) -> list[dict[str, Any]]:
     """Theorem 1's nominal sigma_p per eps, the epsilon the RDP accountant gives it, and (with
     ``calibrate``; slow: a bisection over the accountant) the sigma_p the nominal eps needs."""
-    from privdl.accounting.dpsgd import calibrate_noise_multiplier
-    from privdl.accounting.nominal import porter_plan
+    from privdl.accounting.nominal import porter_accounted_sigma, porter_plan
 
     rows = []
     for eps in pre["epsilons"]:
@@ -294,17 +293,8 @@ def _privacy_rows(
                 "epsilon_add_remove_poisson": plan.values["epsilon_add_remove_poisson"],
                 "sigma_p_calibrated": None
                 if not calibrate
-                else 2.0  # replace-one: a replaced sample moves the clipped gradient by 2 tau
-                * pre["tau"]
-                * calibrate_noise_multiplier(
-                    target_epsilon=eps,
-                    sampling_rate=1.0 / m,
-                    steps=rounds,
-                    delta=pre["delta"],
-                    sampling="fixed_size",
-                    neighbouring="replace_one",
-                    dataset_size=m,
-                    rtol=1e-3,
+                else porter_accounted_sigma(
+                    tau=pre["tau"], steps=rounds, delta=pre["delta"], local_samples=m, epsilon=eps
                 ),
                 "warnings": list(plan.warnings),
             }

@@ -408,8 +408,9 @@ def _budget_run(
     res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
     z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
     from privdl.accounting.conversion import step_rdp_for_epsilon
+    from privdl.accounting.nominal import privsgp_vr_sensitivity
 
-    sens = (4.0 + 2.0 / j_b) * cfg["clip"] / cfg["block_size"]
+    sens = privsgp_vr_sensitivity(cfg["clip"], entries=j_b, block_size=cfg["block_size"])
     rho = step_rdp_for_epsilon(eps, steps=k, delta=top["delta"])
     return {
         "K": k,
