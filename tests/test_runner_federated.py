@@ -49,6 +49,7 @@ def _cfg(**kw):
         ({"gamma": 0.5}, "gamma does not apply"),
         ({"block_size": 4}, "block_size does not apply"),
         ({"compressor": "randk:0.1"}, "compressor does not apply"),
+        ({"clip_kind": "smooth"}, "clip_kind does not apply"),  # hard, Eq. 1, is accepted
         ({"adversary": "curious"}, "against the server"),
         ({"algorithm": "robust-hdp", "clients_per_round": 1}, "at least 2 clients"),
         ({"algorithm": "robust-hdp", "clients": 1, "budgets": "1"}, "at least 2 clients"),
@@ -57,6 +58,7 @@ def _cfg(**kw):
 def test_federated_config_refusals(values, msg):
     with pytest.raises(ConfigError, match=msg):
         _cfg(**values)
+    assert _cfg(clip_kind="hard").clip_kind == _cfg().clip_kind == "hard"
 
 
 def test_budgets_as_a_list_of_numbers_is_the_comma_list():

@@ -68,15 +68,27 @@ def test_porter_defaults_and_gc_refusals():
         build(make_config({**LS, "algorithm": "porter-gc", "sigma": 0.1}))
     with pytest.raises(ConfigError, match="sigma > 0"):
         build(make_config({**LS, "algorithm": "porter-dp"}))
+    # Definition 2: PORTER's clipping operator is smooth unless asked otherwise; D-SGD's is hard
+    assert make_config({**LS, "algorithm": "porter-dp", "sigma": 0.1}).clip_kind == "smooth"
+    assert make_config({**LS, "algorithm": "porter-gc"}).clip_kind == "smooth"
+    assert make_config({**LS, "algorithm": "ldp", "sigma": 0.1}).clip_kind == "hard"
+    hard = {**LS, "algorithm": "porter-dp", "sigma": 0.1, "clip_kind": "hard"}
+    assert make_config(hard).clip_kind == "hard"
+    assert build(make_config(hard)).algorithm.clip.kind == "hard"
+    assert build(make_config({**hard, "clip_kind": None})).algorithm.clip.kind == "smooth"
+    # option I clips each sample: a clipped minibatch mean is PORTER-GC's (option II)
+    with pytest.raises(ConfigError, match="porter-dp clips each sample"):
+        make_config({**LS, "task": "a9a", "algorithm": "porter-dp", "sigma": 0.1,
+                     "clip_mode": "batch_mean"})  # fmt: skip
 
 
 def test_privsgp_vr_epsilon_is_classic_gaussian_composition(tmp_path):
     """No amplification: eps = rho + 2 sqrt(rho ln(1/delta)), rho = T D^2/(2 sigma^2) with the
-    replace-one sensitivity D = (4 + 2/J) C of g = h - T[xi] + mean(T); J = d = 5 samples."""
+    replace-one sensitivity D = (4 - 2/J) C of g = h - T[xi] + mean(T); J = d = 5 samples."""
     cfg = {**LS, "algorithm": "privsgp-vr", "graph": "expo:6", "ls_dim": 5, "epsilon": 4.0}
     summary = train(cfg, tmp_path / "r", progress=False)
     sigma, delta = summary["config"]["sigma"], summary["config"]["delta"]
-    sens = (4.0 + 2.0 / 5) * 1.0
+    sens = (4.0 - 2.0 / 5) * 1.0
     rho = 40 * sens**2 / (2 * sigma**2)
     expected = rho + 2 * math.sqrt(rho * math.log(1 / delta))
     priv = summary["final"]["privacy"]

@@ -59,7 +59,9 @@ class RunConfig(BaseModel):
     sampling: Literal["without_replacement", "poisson", "full"] = "without_replacement"
     clip: float | None = None
     clip_mode: Literal["none", "per_sample", "batch_mean"] = "none"
-    clip_kind: Literal["hard", "smooth"] = "hard"
+    # None: the algorithm's own (smooth, Definition 2, for PORTER; hard elsewhere), resolved and
+    # saved when the config is built
+    clip_kind: Literal["hard", "smooth"] | None = None
     sigma: float = 0.0
     sigma_cor: float = 0.0
     weight_decay: float = 0.0
@@ -293,6 +295,11 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
         )
     if cfg.algorithm == "porter-gc" and cfg.clip_mode == "per_sample":
         raise ConfigError("porter-gc clips the minibatch mean: use clip_mode batch_mean")
+    if cfg.algorithm == "porter-dp" and cfg.clip_mode == "batch_mean":
+        raise ConfigError(
+            "porter-dp clips each sample's gradient (Algorithm 1, option I): use clip_mode "
+            "per_sample, or porter-gc for a clipped minibatch mean"
+        )
     if privsgp and cfg.clip_mode == "batch_mean":
         raise ConfigError(f"{cfg.algorithm} clips per sample: use clip_mode per_sample")
     updates: dict[str, Any] = {}
@@ -303,6 +310,8 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
 
             small = parse_topology(cfg.graph).n <= FDLA_DEFAULT_MAX_NODES
             updates["mixing"] = "fdla" if small else "best-constant"
+    if cfg.clip_kind is None:  # PORTER's operator is smooth (Definition 2), D-SGD's hard (Eq. 1)
+        updates["clip_kind"] = "smooth" if porter else "hard"
     if porter and cfg.compressor is None:
         updates["compressor"] = "none"
     if porter and cfg.gamma is None:
@@ -376,13 +385,13 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
         "lr_decay": "the local step size is constant (Eq. 1)",
         "weight_decay": "Eq. 1 has none",
         "noise_backend": "client noise comes from the run's torch generator",
-        "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",
+        "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",  # hard is accepted
         "sampling": "local batches are Poisson samples (what the accountant assumes)",
         "gamma": "it is PORTER's consensus step",
         "block_size": "it is PrivSGP-VR's SAGA block",
         "compressor": "updates are sent uncompressed",
     }
-    resolved = {"graph": FEDERATED_GRAPH, "sampling": "poisson"}
+    resolved = {"graph": FEDERATED_GRAPH, "sampling": "poisson", "clip_kind": "hard"}
     for key, why in foreign.items():
         # a value given must be the one the run uses: the one it sets itself (so an explicit
         # sampling=without_replacement, the default elsewhere, is refused too), else the default

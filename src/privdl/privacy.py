@@ -14,7 +14,7 @@ PrivSGP (Zhu et al., Algorithm 2) draws ONE table entry (block of ``B`` samples)
 ``J`` per node and step: a fixed-size subsampled Gaussian with replace-one sensitivity ``2C/B``.
 PrivSGP-VR (Algorithm 1) has no certified amplification (its SAGA mean depends on every sample
 at every step, spec privsgp-vr.md §8.4), so it is accounted WITHOUT subsampling, at the
-replace-one sensitivity ``(4 + 2/J) C / B`` of ``g = h - T[xi] + mean(T)``.
+replace-one sensitivity ``(4 - 2/J) C / B`` of ``g = h - T[xi] + mean(T)``.
 """
 
 from __future__ import annotations
@@ -234,8 +234,9 @@ def privsgp_sensitivity(cfg, task) -> float:
     """Replace-one L2 sensitivity of one step's noisy vector (before noise), example level.
 
     PrivSGP: ``2C/B`` (the drawn entry is a mean of ``B`` per-sample gradients clipped at C).
-    PrivSGP-VR: ``||h - T[xi] + mean T||`` changes by ``2C/B + 2C/B + 2C/(B J)`` when the
-    example's block is drawn and by ``2C/(B J)`` otherwise; the worst case is used.
+    PrivSGP-VR: ``||h - T[xi] + mean T||`` changes by up to ``2C/B + (1 - 1/J) 2C/B`` when the
+    example's block is drawn (``T[xi]`` is also one of the mean's J terms) and by ``2C/(B J)``
+    otherwise; the worst case is used (:func:`privdl.accounting.nominal.privsgp_vr_sensitivity`).
     """
     from privdl.accounting.nominal import privsgp_vr_sensitivity
 
@@ -247,26 +248,13 @@ def privsgp_sensitivity(cfg, task) -> float:
 
 def _privsgp_sigma(cfg, task, *, delta: float) -> float:
     """sigma for a target epsilon: subsampled RDP (PrivSGP) or plain composition (VR)."""
-    from privdl.accounting.conversion import step_rdp_for_epsilon
-    from privdl.accounting.dpsgd import calibrate_noise_multiplier
+    from privdl.accounting.nominal import privsgp_accounted_sigma
 
-    sens = privsgp_sensitivity(cfg, task)
-    if cfg.algorithm == "privsgp-vr":
-        rho = step_rdp_for_epsilon(cfg.epsilon, steps=cfg.steps, delta=delta)
-        return sens / math.sqrt(2.0 * rho) * (1 + 1e-9)
-    j, _ = privsgp_geometry(cfg, task)
-    z = calibrate_noise_multiplier(
-        target_epsilon=cfg.epsilon,
-        sampling_rate=1.0 / j,
-        steps=cfg.steps,
-        delta=delta,
-        accountant="rdp",
-        sampling="fixed_size",
-        neighbouring="replace_one",
-        dataset_size=j,
-        rtol=1e-3,
-    )
-    return sens * z * (1 + 1e-9)
+    j, b = privsgp_geometry(cfg, task)
+    return privsgp_accounted_sigma(
+        clip=float(cfg.clip), steps=cfg.steps, delta=delta, entries=j, epsilon=cfg.epsilon,
+        block_size=b, variance_reduction=cfg.algorithm == "privsgp-vr",
+    )  # fmt: skip
 
 
 def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any] | None]:
@@ -284,7 +272,7 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
     if cfg.algorithm == "privsgp-vr":
         notes = (
             f"no subsampling amplification (the SAGA mean depends on every sample); "
-            f"sensitivity (4+2/J)C/B with J={j}, B={b}; step_rdp={rho:.6g}"
+            f"sensitivity (4-2/J)C/B with J={j}, B={b}; step_rdp={rho:.6g}"
         )
         accountant = "gaussian-rdp+classic"
     else:
@@ -370,7 +358,7 @@ def calibration_record(cfg, topo, task) -> dict[str, Any] | None:
         "notes": nom.notes,
     }
     if vr:
-        approx = noise_plan(mode="accounted", **common)
+        approx = noise_plan(mode="poisson_approximation", **common)
         out["subsampled_approximation"] = {
             "sigma": approx.sigmas[0],
             "accountant": "rdp-poisson-approx",

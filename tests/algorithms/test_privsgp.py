@@ -282,7 +282,7 @@ def test_noise_plan_modes_t13_t18():
     )
     assert math.isclose(nominal.sigmas[0], 0.60651, rel_tol=1e-4)  # T13
     acc = noise_plan(
-        mode="accounted",
+        mode="poisson_approximation",
         gradient_bound=10,
         steps=3120,
         local_samples=3125,
@@ -303,15 +303,60 @@ def test_noise_plan_modes_t13_t18():
         variance_reduction=False,
     )
     assert math.isclose(no_vr.sigmas[0] * 3, nominal.sigmas[0], rel_tol=1e-12)
+    with pytest.raises(PrivacyError, match="mode must be one of"):
+        noise_plan(mode="certified", gradient_bound=10, steps=3, local_samples=5, epsilons=1.0,
+                   deltas=1e-5)  # fmt: skip
+
+
+def test_noise_plan_accounted_is_what_dp_accounting_certifies():
+    """``accounted`` = the run's accountant. Oracles: with VR, K Gaussian steps at sensitivity
+    (4 - 2/J) G under the classic RDP conversion in closed form (min over continuous alpha), and
+    dp-accounting's RDP (tighter conversion: a little below the target); without VR,
+    dp-accounting's sampled-without-replacement event, replace-one, at z = sigma / 2G."""
+    import dp_accounting as dpa
+    from scipy.optimize import minimize_scalar
+
+    k, j, g, eps, delta = 3120, 3125, 10.0, 3.0, 1e-5
+    vr = noise_plan(mode="accounted", gradient_bound=g, steps=k, local_samples=j, epsilons=eps,
+                    deltas=delta)  # fmt: skip
+    z = vr.sigmas[0] / ((4 - 2 / j) * g)
+    classic = minimize_scalar(
+        lambda a: k * a / (2 * z * z) + math.log(1 / delta) / (a - 1),
+        bounds=(1.0001, 1e6), method="bounded", options={"xatol": 1e-9},
+    ).fun  # fmt: skip
+    assert math.isclose(classic, eps, rel_tol=1e-6)
+    acc = dpa.rdp.RdpAccountant()
+    acc.compose(dpa.GaussianDpEvent(z), k)
+    assert 0.8 * eps < acc.get_epsilon(delta) <= eps  # 2.60: the improved conversion
+    assert vr.sampling_rate == 1.0 and "no amplification" in vr.notes
+    assert vr.sigmas[0] > 100 * noise_plan(
+        mode="poisson_approximation", gradient_bound=g, steps=k, local_samples=j, epsilons=eps,
+        deltas=delta,
+    ).sigmas[0]  # fmt: skip
+
+    no_vr = noise_plan(mode="accounted", gradient_bound=g, steps=k, local_samples=j,
+                       epsilons=eps, deltas=delta, variance_reduction=False)  # fmt: skip
+    assert math.isclose(no_vr.noise_multipliers[0], no_vr.sigmas[0] / (2 * g), rel_tol=1e-12)
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    sampled = dpa.SampledWithoutReplacementDpEvent(
+        j, 1, dpa.GaussianDpEvent(no_vr.noise_multipliers[0])
+    )
+    acc.compose(sampled, k)
+    assert 0.995 * eps < acc.get_epsilon(delta) <= eps
 
 
 def test_optimal_steps_modes():
     toy = dict(A=100.0, local_samples=100, n=4, smoothness=1.0, dim=10, gradient_bound=1.0)
     k, u = optimal_steps(mode="nominal", **toy, epsilons=[1] * 4, deltas=[math.exp(-1)] * 4)
     assert math.isclose(k, 462.963, rel_tol=1e-5)  # T14
-    # accounted: the optimum is a local minimum of the accounted U(K)
+    # the optimum is a local minimum of the approximation's U(K)
     ka, ua = optimal_steps(
-        mode="accounted", **toy, epsilons=[1.0] * 4, deltas=[1e-5] * 4, k_max=1e6, grid=9
+        mode="poisson_approximation",
+        **toy,
+        epsilons=[1.0] * 4,
+        deltas=[1e-5] * 4,
+        k_max=1e6,
+        grid=9,
     )
 
     def u_acc(kk):
@@ -322,11 +367,29 @@ def test_optimal_steps_modes():
     assert ua <= u_acc(int(ka * 0.7)) and ua <= u_acc(int(ka * 1.4))
 
 
+def test_optimal_steps_accounted_minimises_the_certified_u():
+    """With the certified sigma, sigma(K)^2 grows like K, so U(K) = (A + 24 L d sigma^2) / sqrt(nK)
+    has its minimum near K = A / (24 L d sigma(1)^2 / 1): checked against a brute-force scan."""
+    from privdl.accounting.nominal import privsgp_accounted_sigma
+
+    toy = dict(A=1e6, local_samples=100, n=4, smoothness=1.0, dim=10, gradient_bound=1.0)
+    ka, ua = optimal_steps(mode="accounted", **toy, epsilons=[1.0] * 4, deltas=[1e-5] * 4,
+                           k_max=1e6, grid=13)  # fmt: skip
+
+    def u(kk):
+        s = privsgp_accounted_sigma(clip=1.0, steps=kk, delta=1e-5, entries=100, epsilon=1.0)
+        return (1e6 + 24 * 10 * s * s) / math.sqrt(4 * kk)
+
+    scan = min(range(1, 20000), key=u)
+    assert math.isclose(ua, u(int(ka)), rel_tol=1e-9)
+    assert abs(ka - scan) <= 0.02 * scan and u(int(ka)) <= 1.0001 * u(scan)
+
+
 @pytest.mark.slow
-def test_optimal_steps_accounted_cifar_spec_8_4():
-    """Spec §8.4: with accounted sigma the CIFAR optimum is K ~ 1e6 (U ~ 9.1e8), not 3120."""
+def test_optimal_steps_approximation_cifar_spec_8_4():
+    """Spec §8.4: with the approximation's sigma the CIFAR optimum is K ~ 1e6 (U ~ 9.1e8), not 3120."""
     k, u = optimal_steps(
-        mode="accounted",
+        mode="poisson_approximation",
         A=342000036.4,
         local_samples=3125,
         n=16,

@@ -84,6 +84,8 @@ def test_er_seeded_and_refuses_disconnected():
         "",
         "ring:1",
         "er:10:1.5:0",
+        "er:10:0.8:-1",  # networkx would read -1 as seed 1 and draw that graph
+        "regular:10:4:-3",
     ],
 )
 def test_bad_specs(spec):

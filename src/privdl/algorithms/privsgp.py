@@ -454,9 +454,18 @@ def _per_node(x: float | Sequence[float], n: int | None) -> list[float]:
     return [float(v) for v in x]
 
 
+PlanMode = Literal["nominal", "accounted", "poisson_approximation"]
+_PLAN_MODES = ("nominal", "accounted", "poisson_approximation")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in _PLAN_MODES:
+        raise PrivacyError(f"mode must be one of {', '.join(_PLAN_MODES)}; got {mode!r}")
+
+
 def noise_plan(
     *,
-    mode: Literal["nominal", "accounted"],
+    mode: PlanMode,
     gradient_bound: float,
     steps: int,
     local_samples: int,
@@ -465,22 +474,33 @@ def noise_plan(
     c2: float = 1.0,
     variance_reduction: bool = True,
 ) -> NoisePlan:
-    """sigma_i per node. Sensitivity ``3G`` with VR (Appendix B), ``G`` without (spec §3 REC).
+    """sigma_i per node for a budget (eps_i, delta_i), one entry of J drawn per step.
 
-    ``nominal``: Theorem 2, eq. (11), ``sigma_i = (3)c2 G sqrt(K log(1/delta_i)) / (J eps_i)`` —
-    the paper's heuristic, not a DP guarantee. ``accounted``: the smallest noise multiplier z_i
-    with RDP epsilon <= eps_i after K Poisson-subsampled steps at rate 1/J (an approximation: the
-    algorithm draws one sample, and the SAGA mean touches all of them, spec §8.4).
+    * ``nominal``: Theorem 2, eq. (11), ``sigma_i = (3)c2 G sqrt(K log(1/delta_i)) / (J eps_i)``
+      (sensitivity 3G with VR, Appendix B; G without, spec §3 REC) — the paper's heuristic, not
+      a DP guarantee.
+    * ``accounted``: what ``privdl run privsgp(-vr)`` calibrates to and its records certify
+      (replace-one, example level, threat model ldp): with VR, K Gaussian steps of sensitivity
+      (4 - 2/J) G and no amplification (the SAGA mean touches every sample); without, sensitivity
+      2G and one entry of J drawn without replacement
+      (:func:`privdl.accounting.nominal.privsgp_accounted_sigma`).
+    * ``poisson_approximation``: the smallest noise multiplier z_i with RDP epsilon <= eps_i after
+      K Poisson-subsampled steps at rate 1/J, add/remove, times 3G (G without VR) — the
+      paper-style reading of spec §8.4, which no theorem certifies (the algorithm draws one
+      sample, and the SAGA mean touches all of them).
     """
     from privdl.accounting import calibrate_nodes, privsgp_sigma
+    from privdl.accounting.nominal import privsgp_accounted_sigma, privsgp_vr_sensitivity
 
+    _check_mode(mode)
     n = None if isinstance(epsilons, int | float) else len(epsilons)
     n = n or (None if isinstance(deltas, int | float) else len(deltas))
     eps, dels = _per_node(epsilons, n), _per_node(deltas, n)
     if len(eps) != len(dels):
         raise PrivacyError("epsilons and deltas need one entry per node")
-    sens = (3.0 if variance_reduction else 1.0) * gradient_bound
+    rate = 1.0 / local_samples
     if mode == "nominal":
+        sens = (3.0 if variance_reduction else 1.0) * gradient_bound
         sig = [
             privsgp_sigma(
                 gradient_bound=gradient_bound,
@@ -493,26 +513,46 @@ def noise_plan(
             * (1.0 if variance_reduction else 1.0 / 3.0)
             for e, d in zip(eps, dels, strict=True)
         ]
-        zs = [s / sens for s in sig]
         notes = f"Theorem 2 eq. (11), c2={c2}: paper heuristic, not certified"
     elif mode == "accounted":
+        if variance_reduction:
+            sens = privsgp_vr_sensitivity(gradient_bound, entries=local_samples)
+            rate = 1.0  # every step touches every sample: no amplification
+            notes = (
+                "RDP of K Gaussian steps, no amplification, replace-one sensitivity (4-2/J)G, "
+                "classic conversion: what privdl run privsgp-vr certifies"
+            )
+        else:
+            sens = 2.0 * gradient_bound
+            notes = (
+                "subsampled RDP, one entry of J without replacement, replace-one sensitivity 2G: "
+                "what privdl run privsgp certifies"
+            )
+        memo: dict[tuple[float, float], float] = {}
+        for e, d in zip(eps, dels, strict=True):
+            if (e, d) not in memo:
+                memo[(e, d)] = privsgp_accounted_sigma(
+                    clip=gradient_bound, steps=steps, delta=d, entries=local_samples,
+                    epsilon=e, variance_reduction=variance_reduction,
+                )  # fmt: skip
+        sig = [memo[(e, d)] for e, d in zip(eps, dels, strict=True)]
+    else:
+        sens = (3.0 if variance_reduction else 1.0) * gradient_bound
         cache: dict[tuple[float, float], float] = {}
         for e, d in zip(eps, dels, strict=True):
             if (e, d) not in cache:
                 cache[(e, d)] = calibrate_nodes(
-                    epsilons=[e], deltas=d, sampling_rates=1.0 / local_samples, steps=int(steps)
+                    epsilons=[e], deltas=d, sampling_rates=rate, steps=int(steps)
                 )[0]
-        zs = [cache[(e, d)] for e, d in zip(eps, dels, strict=True)]
-        sig = [z * sens for z in zs]
-        notes = "RDP accountant (dp-accounting), Poisson rate 1/J, add/remove"
-    else:
-        raise PrivacyError(f"mode must be 'nominal' or 'accounted', got {mode!r}")
-    return NoisePlan(mode, sig, zs, sens, int(steps), 1.0 / local_samples, notes)
+        sig = [cache[(e, d)] * sens for e, d in zip(eps, dels, strict=True)]
+        notes = "RDP accountant (dp-accounting), Poisson rate 1/J, add/remove: not certified"
+    zs = [s / sens for s in sig]
+    return NoisePlan(mode, sig, zs, sens, int(steps), rate, notes)
 
 
 def optimal_steps(
     *,
-    mode: Literal["nominal", "accounted"],
+    mode: PlanMode,
     A: float,
     local_samples: int,
     n: int,
@@ -525,14 +565,17 @@ def optimal_steps(
     k_max: float = 1e8,
     grid: int = 25,
 ) -> tuple[float, float]:
-    """K* and U(K*) (Corollary 1). ``nominal``: closed form eq. (12)-(13). ``accounted``: minimise
-    ``U(K) = (A + 24 L d mean_i sigma_i(K)^2) / sqrt(nK)`` (eq. 14 with accounted sigma_i) over a
-    log grid of K in [1, k_max], then refine between the grid neighbours (spec §8.4). The accounted
-    sigma_i(K) here come from :func:`rdp_noise_multiplier` (integer orders, fast and slightly
-    conservative next to dp-accounting).
+    """K* and U(K*) (Corollary 1). ``nominal``: closed form eq. (12)-(13). Otherwise minimise
+    ``U(K) = (A + 24 L d mean_i sigma_i(K)^2) / sqrt(nK)`` (eq. 14 with sigma_i(K) of ``mode``,
+    see :func:`noise_plan`) over a log grid of K in [1, k_max], then refine between the grid
+    neighbours (spec §8.4). ``poisson_approximation`` uses :func:`rdp_noise_multiplier` (integer
+    orders, fast and slightly conservative next to dp-accounting); ``accounted`` the closed-form
+    classic conversion of K Gaussian steps at sensitivity (4 - 2/J) G.
     """
     from privdl.accounting import privsgp_optimal_steps
+    from privdl.accounting.nominal import privsgp_accounted_sigma
 
+    _check_mode(mode)
     if mode == "nominal":
         return privsgp_optimal_steps(
             A=A,
@@ -545,8 +588,6 @@ def optimal_steps(
             deltas=deltas,
             c2=c2,
         )
-    if mode != "accounted":
-        raise PrivacyError(f"mode must be 'nominal' or 'accounted', got {mode!r}")
     if len(epsilons) != n or len(deltas) != n:
         raise PrivacyError("epsilons and deltas need one entry per node")
 
@@ -554,11 +595,17 @@ def optimal_steps(
     pairs = sorted(set(zip(epsilons, deltas, strict=True)))
     weight = {pr: sum(1 for p in zip(epsilons, deltas, strict=True) if p == pr) for pr in pairs}
 
+    def sigma(pr: tuple[float, float], k: int) -> float:
+        if mode == "accounted":
+            return privsgp_accounted_sigma(
+                clip=gradient_bound, steps=k, delta=pr[1], entries=local_samples, epsilon=pr[0]
+            )
+        return 3.0 * gradient_bound * rdp_noise_multiplier(pr[0], pr[1], 1.0 / local_samples, k)
+
     def u(k: float) -> float:
         k = max(1, round(k))
         if k not in cache:
-            zs = {pr: rdp_noise_multiplier(pr[0], pr[1], 1.0 / local_samples, k) for pr in pairs}
-            s2 = sum(weight[pr] * (3.0 * gradient_bound * zs[pr]) ** 2 for pr in pairs) / n
+            s2 = sum(weight[pr] * sigma(pr, k) ** 2 for pr in pairs) / n
             cache[k] = (A + 24.0 * smoothness * dim * s2) / math.sqrt(n * k)
         return cache[k]
 

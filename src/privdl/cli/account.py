@@ -350,7 +350,13 @@ def plan() -> None:
 
 
 @plan.command("privsgp")
-@click.option("--gradient-bound", "G", type=float, required=True, help="G (sensitivity 3G).")
+@click.option(
+    "--gradient-bound",
+    "G",
+    type=float,
+    required=True,
+    help="G, the per-sample gradient bound (eq. (11) uses sensitivity 3G; the accounted line (4 - 2/J) G).",
+)
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None, help="K; omit to use Corollary 1's K*."
 )

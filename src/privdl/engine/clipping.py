@@ -1,7 +1,7 @@
 """Clipping of stacked gradients (pure functions).
 
 * hard (DECOR Alg. 1 line 2; Robust-HDP / DP-SGD): ``Clip(g; C) = min{1, C/||g||_2} g``;
-* smooth (PORTER eq. (5), Fig. 1): ``Clip_tau(g) = tau g / (tau + ||g||_2)``, whose norm
+* smooth (PORTER Definition 2, Fig. 1): ``Clip_tau(g) = tau g / (tau + ||g||_2)``, whose norm
   ``tau ||g|| / (tau + ||g||)`` stays below ``tau``.
 
 A "stacked gradient" is a dict of tensors whose leading dimension indexes nodes; its per-node

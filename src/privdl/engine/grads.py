@@ -9,7 +9,7 @@
 * ``batch_mean``: ``Clip((1/B) sum_s grad l(x_i; xi_s); C)`` — DECOR user-level clipping
   (Alg. 1 line 2 on the batch mean, a9a Sec. 6.3).
 
-``Clip`` is hard ``min(1, C/||g||) g`` or smooth ``C g / (C + ||g||)`` (PORTER eq. (5)).
+``Clip`` is hard ``min(1, C/||g||) g`` or smooth ``C g / (C + ||g||)`` (PORTER Definition 2).
 Per-sample clipping uses the ghost-norm fast path for Linear/Conv2d chains
 (:mod:`privdl.engine.ghost`) and ``torch.func`` ``vmap(grad)`` over nodes and samples otherwise.
 No Python loop runs over nodes or samples; the fallback loops only over sample *chunks* to bound

@@ -214,9 +214,16 @@ def grid(rows: int, cols: int) -> Topology:
     return _lattice(rows, cols, periodic=False)
 
 
+def _check_seed(seed: int, kind: str) -> None:
+    # networkx seeds Python's random.Random, which takes |seed|: -1 would silently draw seed 1's graph
+    if int(seed) < 0:
+        raise GraphError(f"{kind}: SEED must be a non-negative integer, got {seed}")
+
+
 def erdos_renyi(n: int, p: float, seed: int, *, require_connected: bool = True) -> Topology:
     """G(n, p) with a seeded generator; refuses a disconnected draw when connectivity is required."""
     _check_n(n, 1, "er")
+    _check_seed(seed, "er")
     if not 0.0 < p <= 1.0:
         raise GraphError(f"er: edge probability must be in (0, 1], got {p}")
     g = nx.gnp_random_graph(n, p, seed=int(seed))
@@ -231,6 +238,7 @@ def erdos_renyi(n: int, p: float, seed: int, *, require_connected: bool = True) 
 def random_regular(n: int, d: int, seed: int) -> Topology:
     """Uniform random d-regular graph on n nodes (seeded)."""
     _check_n(n, 2, "regular")
+    _check_seed(seed, "regular")
     if not 0 <= d < n or (n * d) % 2:
         raise GraphError(f"regular:{n}:{d}: need 0 <= d < n and n*d even")
     g = nx.random_regular_graph(d, n, seed=int(seed))
