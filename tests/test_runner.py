@@ -279,3 +279,58 @@ def test_porter_default_mixing_is_fdla_on_small_graphs_and_best_constant_on_larg
     chosen = make_config({"algorithm": "porter-dp", "graph": "ring:300", "mixing": "fdla"})
     assert (small.mixing, large.mixing, chosen.mixing) == ("fdla", "best-constant", "fdla")
     assert make_config({"algorithm": "decor", "graph": "ring:300"}).mixing == "metropolis"
+
+
+@pytest.mark.parametrize("algorithm", ["decor", "ldp"])
+def test_os_keys_are_not_the_seeds_and_a_resumed_run_keeps_them(tmp_path, algorithm):
+    """key_source=os: the noise keys (and DECOR's edge secrets) come from the OS, so two runs
+    with one seed differ; the checkpoint holds them, so two resumptions of one checkpoint agree
+    to the bit (had the keys been drawn afresh on resume, they would not)."""
+    import shutil
+
+    from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
+
+    extra = {"sigma_cor": 2.0} if algorithm == "decor" else {}
+    cfg = make_config({**LS, "algorithm": algorithm, "sigma": 0.5, "steps": 20, **extra,
+                       "key_source": "os", "eval_every": 5})  # fmt: skip
+    a = train(cfg, tmp_path / "a", progress=False)
+    b = train(cfg, tmp_path / "b", progress=False)
+    assert a["final"]["optimality_gap"] != b["final"]["optimality_gap"]
+    assert "keys from OS randomness" in a["final"]["privacy"]["notes"]
+    seeded = train(cfg.with_updates(key_source="seed"), tmp_path / "s", progress=False)
+    assert "keys from the seed" in seeded["final"]["privacy"]["notes"]
+
+    assert train(cfg, tmp_path / "p1", progress=False, stop_after=12) == {"stopped_at": 12}
+    keys = RunRecords(tmp_path / "p1").load_checkpoint()["keys"]
+    n = int(LS["graph"].split(":")[1])
+    assert set(keys["noise_keys"]).isdisjoint(node_noise_keys(range(n), seed=cfg.seed))
+    if algorithm == "decor":
+        from privdl.topology import parse_graph
+
+        from_seed = agree_edge_secrets(parse_graph(LS["graph"]).edges, n, seed=cfg.seed)
+        assert len(keys["edge_keys"]) == n and set(keys["edge_keys"]).isdisjoint(
+            from_seed.edge_keys()
+        )
+    shutil.copytree(tmp_path / "p1", tmp_path / "p2")
+    r1 = resume(tmp_path / "p1", progress=False)
+    r2 = resume(tmp_path / "p2", progress=False)
+    drop = {"wall_time"}
+    assert r1["steps_done"] == 20 and r1["final"]["optimality_gap"] > 0
+    assert {k: v for k, v in r1["final"].items() if k not in drop} == {
+        k: v for k, v in r2["final"].items() if k not in drop
+    }
+
+
+def test_os_keys_refused_where_they_are_not_kept(tmp_path, capsys):
+    from privdl.cli.main import main
+
+    with pytest.raises(ConfigError, match="key_source does not apply to dpfedavg"):
+        make_config({"algorithm": "dpfedavg", "task": "a9a", "clients": 4, "clip": 1.0,
+                     "epsilon": 1.0, "key_source": "os"})  # fmt: skip
+    rc = main(
+        ["launch", "ldp", "--task", "least-squares", "--graph", "ring:4", "--sigma", "1",
+         "--clip", "1", "--key-source", "os", "--nproc", "2", "--out", str(tmp_path / "l")],
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "key_source os runs in one process" in err[0]
+    assert not (tmp_path / "l").exists()

@@ -85,6 +85,10 @@ class RunConfig(BaseModel):
     # Keyed Gaussian streams (privdl.mechanisms.prng); "auto" is resolved from ``device`` when the
     # run starts and the resolved name is saved, so a resumed run keeps its streams.
     noise_backend: Literal["auto", "aes-ziggurat", "chacha20", "torch"] = "auto"
+    # Where the noise keys and DECOR's X25519 key pairs come from: "seed" derives them from
+    # ``seed`` (reproducible simulation; anyone who knows the seed can rebuild every noise draw),
+    # "os" from the operating system's randomness (kept only in the run's checkpoint).
+    key_source: Literal["seed", "os"] = "seed"
     # Federated runs (FEDERATED): the number of clients (a server, no graph; steps = rounds),
     # each client's epsilon ("Dist1".."Dist9": the Robust-HDP paper's 20-client lists with its
     # batch sizes; or a comma list, one value per client), local epochs K, clients sampled per
@@ -385,6 +389,7 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
         "lr_decay": "the local step size is constant (Eq. 1)",
         "weight_decay": "Eq. 1 has none",
         "noise_backend": "client noise comes from the run's torch generator",
+        "key_source": "client noise comes from the run's torch generator, seeded",
         "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",  # hard is accepted
         "sampling": "local batches are Poisson samples (what the accountant assumes)",
         "gamma": "it is PORTER's consensus step",

@@ -212,11 +212,29 @@ def calibrate(cfg, topo, task):
     return cfg.with_updates(sigma=cal.sigma_cdp, sigma_cor=cal.sigma_cor, delta=delta)
 
 
+#: What a run's record says about where its noise keys came from (``key_source``).
+KEY_NOTES = {
+    "seed": "keys from the seed: a reproducible simulation; whoever knows the seed can rebuild "
+    "the noise, so the guarantee holds only against an adversary who does not",
+    "os": "keys from OS randomness",
+}
+
+
 def run_accountant(cfg, topo, task) -> Callable[[int], dict[str, Any] | None]:
-    """The privacy-spent function of a built run (noise already calibrated)."""
+    """The privacy-spent function of a built run (noise already calibrated); its records' notes
+    say where the noise keys came from (:data:`KEY_NOTES`)."""
     if cfg.algorithm in NON_PRIVATE or cfg.sigma <= 0:
         return lambda t: None
-    return spent(cfg, topo, task, sigma=cfg.sigma, sigma_cor=cfg.sigma_cor)
+    at = spent(cfg, topo, task, sigma=cfg.sigma, sigma_cor=cfg.sigma_cor)
+    key_note = KEY_NOTES[getattr(cfg, "key_source", "seed")]
+
+    def with_key_note(t: int) -> dict[str, Any] | None:
+        rec = at(t)
+        if rec is not None:
+            rec["notes"] = "; ".join(x for x in (rec.get("notes"), key_note) if x)
+        return rec
+
+    return with_key_note
 
 
 # --- PrivSGP / PrivSGP-VR ----------------------------------------------------------------------

@@ -61,10 +61,13 @@ class Built:
         return params
 
     def init_state(self, params: Tree) -> Any:
-        """``algorithm.init`` with what it needs (PrivSGP: its sample oracle for the table)."""
+        """``algorithm.init`` with what it needs (PrivSGP: its sample oracle for the table);
+        with ``key_source = "os"`` its keys are replaced by fresh ones (:func:`with_os_keys`)."""
         if self.cfg.algorithm in PRIVSGP:
-            return self.algorithm.init(params, self.oracle, seed=self.cfg.seed)
-        return self.algorithm.init(params, seed=self.cfg.seed)
+            state = self.algorithm.init(params, self.oracle, seed=self.cfg.seed)
+        else:
+            state = self.algorithm.init(params, seed=self.cfg.seed)
+        return with_os_keys(state, self.algorithm) if self.cfg.key_source == "os" else state
 
     # the steps of the runner's loop (a federated run has the same: federated_runner)
     def advance(self, state: Any) -> Any:
@@ -82,10 +85,19 @@ class Built:
         return row
 
     def checkpoint(self, state: Any, *, wall: float) -> dict[str, Any]:
-        return checkpoint(state, state.params, wall=wall)
+        ckpt = checkpoint(state, state.params, wall=wall)
+        if self.cfg.key_source == "os":  # not derivable: the run cannot resume without them
+            ckpt["keys"] = {k: list(getattr(state, k)) for k in _KEY_FIELDS if hasattr(state, k)}
+        return ckpt
 
     def restore(self, state: Any, ckpt: dict[str, Any]) -> Any:
-        return import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
+        state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
+        if self.cfg.key_source == "os":
+            keys = ckpt.get("keys")
+            if not isinstance(keys, dict):
+                raise PrivdlError("the checkpoint of a key_source=os run holds no keys")
+            state = dataclasses.replace(state, **{k: tuple(v) for k, v in keys.items()})
+        return state
 
     def calibration(self) -> dict[str, Any] | None:
         """The accounted and nominal noise levels of a calibrated run (``calibration.json``)."""
@@ -226,6 +238,29 @@ def _privsgp(cfg: RunConfig, topo: Any, comm: Any, task: Any, step: StepSize) ->
 
 #: State fields that are not saved: derived from the seed and the node ids on every start.
 _DERIVED = ("t", "seed", "noise_keys", "edge_keys", "nodes")
+#: The state's stream keys: each node's own noise keys and DECOR's per-edge secrets.
+_KEY_FIELDS = ("noise_keys", "edge_keys")
+
+
+def with_os_keys(state: Any, algorithm: Any) -> Any:
+    """``state`` with its stream keys drawn from the operating system instead of the seed.
+
+    Node noise keys: ``os.urandom(32)`` each; DECOR's edge secrets: a fresh X25519 agreement with
+    OS key pairs (:func:`privdl.mechanisms.agree_edge_secrets` with ``seed=None``). Everything
+    else the seed drives (initialisation, sampling, compression) stays reproducible.
+    """
+    import os
+
+    from privdl.mechanisms.secrets import agree_edge_secrets
+
+    updates: dict[str, Any] = {}
+    keys = getattr(state, "noise_keys", ())
+    if keys:
+        updates["noise_keys"] = tuple(None if k is None else os.urandom(32) for k in keys)
+    if getattr(state, "edge_keys", ()):
+        secrets = agree_edge_secrets(algorithm.edges, algorithm.n_nodes, seed=None)
+        updates["edge_keys"] = tuple(secrets.edge_keys())
+    return dataclasses.replace(state, **updates) if updates else state
 
 
 def export_state(state: Any) -> dict[str, torch.Tensor]:

@@ -40,6 +40,7 @@ _FLAGS = {
     "gamma": "gamma",
     "block_size": "block_size",
     "noise_backend": "noise_backend",
+    "key_source": "key_source",
     "clients": "clients",
     "budgets": "budgets",
     "local_epochs": "local_epochs",
@@ -133,6 +134,11 @@ def _parse_set(items: tuple[str, ...]) -> dict:
     "--noise-backend",
     help="Keyed Gaussian streams: auto (aes-ziggurat on CPU, chacha20 on CUDA), aes-ziggurat, "
     "chacha20 or torch (docs/secrets.md).",
+)
+@click.option(
+    "--key-source",
+    help="seed (default: noise keys and DECOR's key pairs derived from --seed, a reproducible "
+    "simulation) or os (operating-system randomness; kept only in the checkpoint).",
 )
 @click.option("--clients", type=int, help="Federated: number of clients (default 20).")
 @click.option(
@@ -249,6 +255,12 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         " ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
     )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
+    cfg = summary.get("config") or {}
+    if final.get("privacy") and cfg.get("key_source") == "seed" and cfg.get("graph") != "server":
+        click.echo(  # as Opacus without secure_mode: fine for experiments, not for deployment
+            "keys: derived from --seed (a reproducible simulation: whoever knows the seed can "
+            "rebuild the noise); --key-source os draws them from the OS"
+        )
     if final.get("client_epsilons"):
         eps = final["client_epsilons"]
         click.echo(f"clients' epsilons: {', '.join(f'{e:.4g}' for e in eps)}")
