@@ -7,6 +7,7 @@ import math
 
 import dp_accounting as dpa
 import networkx as nx
+import numpy as np
 import pytest
 
 from privdl.accounting import (
@@ -17,6 +18,7 @@ from privdl.accounting import (
     decor_step_rdp,
     event_epsilon,
 )
+from privdl.accounting.dpsgd import classic_from_curve, wang_fixed_size_rdp
 from privdl.errors import PrivacyError
 
 
@@ -137,6 +139,20 @@ def test_account_decor_example_level():
     assert pois.epsilon == pytest.approx(direct, rel=1e-12)
     with pytest.raises(PrivacyError, match="fixed_size"):
         account_decor(ring, conversion="classic", sampling="poisson", **kw)
+    # at tiny noise the general Wang bound exceeds the unsampled Gaussian's: subsampling never
+    # hurts, so the example-level classic number is at most the user-level one at clip C / b
+    tiny = dict(kw, sigma_cdp=0.005, sigma_cor=0.0005)
+    sampled = account_decor(ring, conversion="classic", **tiny)
+    wang = classic_from_curve(
+        np.arange(2, 257),
+        1000 * wang_fixed_size_rdp(sampled.step_rdp, 64 / 3750, np.arange(2, 257)),
+        1e-5,
+    )
+    unsampled = account_decor(
+        ring, sigma_cdp=0.005, sigma_cor=0.0005, clip=1 / 64, steps=1000, delta=1e-5,
+        conversion="classic",
+    )  # fmt: skip
+    assert unsampled.epsilon < wang and sampled.epsilon == pytest.approx(unsampled.epsilon)
     with pytest.raises(PrivacyError, match="batch"):
         account_decor(ring, sigma_cdp=1, sigma_cor=1, steps=10, delta=1e-5, sampling_rate=0.1)
 
