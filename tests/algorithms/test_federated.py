@@ -355,3 +355,31 @@ def test_bucketed_round_equals_one_bucket() -> None:
     single, _ = fl.step(fl.init(params, seed=5))
     for k in single.theta:
         torch.testing.assert_close(bucketed.theta[k], single.theta[k], rtol=1e-12, atol=1e-14)
+
+
+def test_robust_hdp_counts_rpca_solves_that_did_not_converge() -> None:
+    """The aggregator counts RPCA solves stopped at max_iter (a reproduction silences their
+    warning but records the count), passes the warning on, and keeps the count in its state."""
+    from privdl.algorithms.aggregators import AggregationInput, RobustHDP
+
+    g = torch.Generator().manual_seed(0)
+    updates = torch.randn(500, 6, generator=g, dtype=torch.float64) * torch.arange(1.0, 7.0)
+    inp = AggregationInput(
+        updates=updates,
+        clients=torch.arange(6),
+        round_index=0,
+        reported_eps=torch.ones(6),
+        num_samples=torch.full((6,), 10.0),
+    )
+    capped = RobustHDP(max_iter=2)
+    with pytest.warns(RPCANotConvergedWarning):
+        capped(inp)
+    assert capped.rpca_not_converged >= 1
+    again = RobustHDP()
+    again.load_state_dict(capped.state_dict())
+    assert again.rpca_not_converged == capped.rpca_not_converged
+    converged = RobustHDP(max_iter=5000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RPCANotConvergedWarning)
+        converged(inp)
+    assert converged.rpca_not_converged == 0

@@ -19,6 +19,7 @@ to ``min_j eps_j`` (:attr:`Aggregator.noise_epsilon`).
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from torch import Tensor
 
 from privdl.errors import ConfigError
 from privdl.robust.noise import estimate_noise_levels, inverse_variance_weights
+from privdl.robust.rpca import RPCANotConvergedWarning
 
 __all__ = [
     "AGGREGATORS",
@@ -217,6 +219,7 @@ class RobustHDP(Aggregator):
         self.estimate_kwargs = estimate_kwargs
         self.sigma2: dict[int, float] = {}
         self.estimated_at: int | None = None
+        self.rpca_not_converged = 0  # RPCA solves (blocks) that stopped at max_iter, so far
 
     def __call__(self, inp: AggregationInput) -> AggregationResult:
         ids = [int(i) for i in inp.clients.tolist()]
@@ -229,7 +232,12 @@ class RobustHDP(Aggregator):
             )
         )
         if due:
-            est = estimate_noise_levels(inp.updates.double(), **self.estimate_kwargs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                est = estimate_noise_levels(inp.updates.double(), **self.estimate_kwargs)
+            for w in caught:  # counted, then passed on to the caller's filters
+                self.rpca_not_converged += issubclass(w.category, RPCANotConvergedWarning)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self.sigma2.update(zip(ids, est.tolist(), strict=True))
             self.estimated_at = inp.round_index
         sigma2 = torch.tensor([self.sigma2[i] for i in ids], dtype=torch.float64)
@@ -238,11 +246,16 @@ class RobustHDP(Aggregator):
 
     def state_dict(self) -> dict[str, Any]:
         """The noise estimates so far and the round of the last estimate (frozen weights)."""
-        return {"sigma2": dict(self.sigma2), "estimated_at": self.estimated_at}
+        return {
+            "sigma2": dict(self.sigma2),
+            "estimated_at": self.estimated_at,
+            "rpca_not_converged": self.rpca_not_converged,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sigma2 = {int(k): float(v) for k, v in state["sigma2"].items()}
         self.estimated_at = state["estimated_at"]
+        self.rpca_not_converged = int(state.get("rpca_not_converged", 0))  # older checkpoints
 
 
 AGGREGATORS = ("robust-hdp", "oracle", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg")

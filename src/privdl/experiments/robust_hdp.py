@@ -331,6 +331,8 @@ def train_and_evaluate(
         "oracle_noise": float(1 / (1 / s).sum()) if private else 0.0,
         "oracle_weights": ((1 / s) / (1 / s).sum()).tolist() if private else None,
     }
+    if method == "robust-hdp":  # RPCA solves that stopped at max_iter (their warning is silenced)
+        out["rpca_not_converged"] = fl.aggregator.rpca_not_converged
     if private:
         budgets = fl.client_budgets(state.participated)
         out["max_accounted_over_target"] = max(
