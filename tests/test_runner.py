@@ -321,16 +321,18 @@ def test_os_keys_are_not_the_seeds_and_a_resumed_run_keeps_them(tmp_path, algori
     }
 
 
-def test_os_keys_refused_where_they_are_not_kept(tmp_path, capsys):
-    from privdl.cli.main import main
-
+def test_os_keys_refused_where_they_are_not_kept(tmp_path):
+    """Federated client noise comes from the run's seeded generator: key_source is refused; a
+    single-process resume of a launched key_source=os run (keys kept per rank) is one line."""
     with pytest.raises(ConfigError, match="key_source does not apply to dpfedavg"):
         make_config({"algorithm": "dpfedavg", "task": "a9a", "clients": 4, "clip": 1.0,
                      "epsilon": 1.0, "key_source": "os"})  # fmt: skip
-    rc = main(
-        ["launch", "ldp", "--task", "least-squares", "--graph", "ring:4", "--sigma", "1",
-         "--clip", "1", "--key-source", "os", "--nproc", "2", "--out", str(tmp_path / "l")],
-    )  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "key_source os runs in one process" in err[0]
-    assert not (tmp_path / "l").exists()
+    cfg = make_config({**LS, "algorithm": "ldp", "sigma": 0.5, "steps": 20, "key_source": "os",
+                       "eval_every": 5})  # fmt: skip
+    assert train(cfg, tmp_path / "r", progress=False, stop_after=7) == {"stopped_at": 7}
+    path = RunRecords(tmp_path / "r").checkpoint_path
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["keys"]  # as a launched run's gathered checkpoint
+    torch.save(ckpt, path)
+    with pytest.raises(PrivdlError, match="resume it with privdl launch --resume"):
+        resume(tmp_path / "r", progress=False)

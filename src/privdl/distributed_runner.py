@@ -295,6 +295,11 @@ def run_worker(
         state = init_shard_state(
             built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed, oracle=sample_oracle
         )
+        if cfg.key_source == "os":
+            state = _os_keys(
+                built.algorithm, state, comm.shard(full), comm=comm, oracle=sample_oracle,
+                out_dir=Path(out_dir), resumed=ckpt is not None,
+            )  # fmt: skip
         wall0 = 0.0
         if (
             ckpt is not None
@@ -353,6 +358,68 @@ def run_worker(
         summary = _bcast(summary)
         refuse_diverged(summary)
         return summary
+
+
+def _key_file(out_dir: Path, rank: int) -> Path:
+    return out_dir / "keys" / f"rank-{rank}.pt"
+
+
+def _os_keys(
+    algorithm: Any,
+    state: Any,
+    params: Tree,
+    *,
+    comm: DistributedCommunicator,
+    oracle: Any,
+    out_dir: Path,
+    resumed: bool,
+) -> Any:
+    """``key_source = "os"`` under ``privdl launch``: each rank's keys from the OS, kept only in
+    its own file ``OUT/keys/rank-R.pt`` (mode 0600; never gathered into the checkpoint).
+
+    DECOR and D-SGD are initialised again without a seed (node noise keys from ``os.urandom``,
+    DECOR's X25519 pairs from ``generate()`` and exchanged with the neighbours' ranks); other
+    algorithms keep their seeded state and get fresh node noise keys. A resumed run reads its
+    file back and needs the same number of processes (the same nodes per rank).
+    """
+    from dataclasses import replace
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = _key_file(out_dir, rank)
+    owned = comm.owned.tolist()
+    problem, saved = None, None
+    if resumed:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+        except (OSError, EOFError, RuntimeError):
+            problem = (
+                f"{path} is missing or unreadable: a key_source=os run resumes only with the "
+                "keys each rank kept"
+            )
+        else:
+            if saved.get("world") != world or saved.get("owned") != owned:
+                problem = (
+                    f"this key_source=os run was launched with {saved.get('world')} processes: "
+                    f"resume it with --nproc {saved.get('world')} (each rank kept its own keys)"
+                )
+    problems: list[str | None] = [None] * world
+    dist.all_gather_object(problems, problem)
+    first = next((p for p in problems if p), None)
+    if first is not None:
+        raise PrivdlError(first) if rank == 0 else ReportedError(first)
+    if saved is not None:
+        return replace(state, **saved["keys"])
+    if isinstance(algorithm, Decor | DSGD):
+        state = init_shard_state(algorithm, params, comm=comm, seed=None, oracle=oracle)
+    elif getattr(state, "noise_keys", ()):
+        keys = tuple(None if k is None else os.urandom(32) for k in state.noise_keys)
+        state = replace(state, noise_keys=keys)
+    keys = {k: tuple(getattr(state, k)) for k in ("noise_keys", "edge_keys") if hasattr(state, k)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        torch.save({"world": world, "owned": owned, "keys": keys}, f)
+    return state
 
 
 def _federated_worker(

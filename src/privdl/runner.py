@@ -95,7 +95,11 @@ class Built:
         if self.cfg.key_source == "os":
             keys = ckpt.get("keys")
             if not isinstance(keys, dict):
-                raise PrivdlError("the checkpoint of a key_source=os run holds no keys")
+                raise PrivdlError(
+                    "the checkpoint of this key_source=os run holds no keys: a privdl launch run "
+                    "keeps them per rank (OUT/keys); resume it with privdl launch --resume and "
+                    "the same --nproc"
+                )
             state = dataclasses.replace(state, **{k: tuple(v) for k, v in keys.items()})
         return state
 

@@ -391,3 +391,56 @@ def test_launch_resume_of_a_corrupt_or_seeds_directory_is_one_line(tmp_path, cap
     sp_train({**RUN, "steps": 5}, seeds / "seed-1", progress=False)
     assert cli_main(["launch", "--nproc", "2", "--resume", str(seeds)]) == 2
     assert "privdl run --resume" in capsys.readouterr().err
+
+
+def _os_rank(rank: int, out: str, stop_after: int | None = None) -> None:
+    from privdl.distributed_runner import run_worker
+
+    cfg = {**RUN, "steps": 20, "key_source": "os"}
+    run_worker(cfg, out, timeout_s=30, progress=False, stop_after=stop_after)
+
+
+def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, run_ranks):
+    """key_source=os on 2 ranks: DECOR's X25519 pairs and the noise keys come from the OS (two
+    runs with one seed differ), the secret of an edge cut by the split is agreed by both ranks,
+    each rank keeps its keys in its own 0600 file (the gathered checkpoint holds none), a resumed
+    run reads them back (two resumptions of one checkpoint agree to the bit), and resuming on
+    another number of processes is refused."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_ranks(2, _os_rank, (str(a),)) == [0, 0]
+    assert run_ranks(2, _os_rank, (str(b),)) == [0, 0]
+    ca = torch.load(a / "checkpoint.pt", weights_only=False)
+    cb = torch.load(b / "checkpoint.pt", weights_only=False)
+    assert not torch.equal(ca["params"]["x"], cb["params"]["x"])
+    assert "keys" not in ca and not any("key" in k for k in ca.get("state", {}))
+    files = [torch.load(a / "keys" / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+    for r in range(2):
+        assert (a / "keys" / f"rank-{r}.pt").stat().st_mode & 0o777 == 0o600
+        own = files[r]["keys"]["noise_keys"]
+        assert [i for i, k in enumerate(own) if k is not None] == files[r]["owned"]
+    e0, e1 = files[0]["keys"]["edge_keys"], files[1]["keys"]["edge_keys"]
+    shared = [e for e in range(len(e0)) if e0[e] is not None and e1[e] is not None]
+    assert shared and all(e0[e] == e1[e] for e in shared)  # the cut edges' secrets agree
+    from privdl.mechanisms.secrets import agree_edge_secrets
+    from privdl.topology import parse_graph
+
+    seeded = agree_edge_secrets(parse_graph("ring:6").edges, 6, seed=RUN["seed"]).edge_keys()
+    assert all(e0[e] != seeded[e] for e in shared)
+    summary = json.loads((a / "summary.json").read_text())
+    assert "keys from OS randomness" in summary["final"]["privacy"]["notes"]
+
+    p1, p2, p3 = tmp_path / "p1", tmp_path / "p2", tmp_path / "p3"
+    assert run_ranks(2, _os_rank, (str(p1), 12)) == [0, 0]
+    p4 = tmp_path / "p4"  # the same checkpoint resumed with the seed's keys: another run
+    for copy in (p2, p3, p4):
+        shutil.copytree(p1, copy)
+    cfg4 = json.loads((p4 / "config.json").read_text())
+    (p4 / "config.json").write_text(json.dumps({**cfg4, "key_source": "seed"}))
+    for run in (p1, p2, p4):
+        assert run_ranks(2, _resume_rank, (str(run),)) == [0, 0]
+    x1, x2, x4 = (torch.load(r / "checkpoint.pt", weights_only=False) for r in (p1, p2, p4))
+    assert x1["t"] == x2["t"] == 20 and torch.equal(x1["params"]["x"], x2["params"]["x"])
+    assert not torch.equal(x1["params"]["x"], x4["params"]["x"])  # the kept keys were used
+    capfd.readouterr()
+    assert 0 not in run_ranks(3, _resume_rank, (str(p3),))
+    assert "resume it with --nproc 2" in capfd.readouterr().err

@@ -178,11 +178,6 @@ def _launch(
         cfg = make_config(command_line_values(config_file, algorithm, flags, sets))
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
-    if cfg.key_source == "os":
-        raise ConfigError(
-            "key_source os runs in one process for now (privdl run): privdl launch derives each "
-            "rank's noise keys and DECOR key pairs from --seed (a reproducible simulation)"
-        )
     RunRecords(out_dir)  # --out naming a file: one line here, before any rank starts
     job["out"] = str(out_dir)
     job["progress"] = progress
