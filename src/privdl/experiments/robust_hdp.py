@@ -681,6 +681,10 @@ def run_falsified(
             f"reports eps' to the server. {setting}, seed 1. Paper (qualitative): WeiAvg and "
             "PFA degrade as eps' grows, Robust-HDP is unaffected.",
             "",
+            _privacy_note({m: dict(enumerate(rs)) for m, rs in results.items()})
+            + " The falsifier's privacy is that of its true eps; what it reports changes only "
+            "its weight.",
+            "",
             "Cells: average test accuracy % / the falsifier's aggregation weight w0.",
             "",
             "| method | " + " | ".join(f"eps'={g:g}" for g in grid) + " |",
