@@ -296,7 +296,7 @@ def test_os_keys_are_not_the_seeds_and_a_resumed_run_keeps_them(tmp_path, algori
     a = train(cfg, tmp_path / "a", progress=False)
     b = train(cfg, tmp_path / "b", progress=False)
     assert a["final"]["optimality_gap"] != b["final"]["optimality_gap"]
-    assert "keys from OS randomness" in a["final"]["privacy"]["notes"]
+    assert "noise keys and data sampling from OS randomness" in a["final"]["privacy"]["notes"]
     seeded = train(cfg.with_updates(key_source="seed"), tmp_path / "s", progress=False)
     assert "keys from the seed" in seeded["final"]["privacy"]["notes"]
 
@@ -336,3 +336,36 @@ def test_os_keys_refused_where_they_are_not_kept(tmp_path):
     torch.save(ckpt, path)
     with pytest.raises(PrivdlError, match="resume it with privdl launch --resume"):
         resume(tmp_path / "r", progress=False)
+
+
+def test_os_keys_draw_the_data_sampling_too(tmp_path):
+    """Subsampling amplification assumes the batches drawn are secret: under key_source=os the
+    minibatch seed (and PrivSGP's xi seed) come from the OS, the checkpoint keeps it, and a
+    resumed run draws the same batches (two resumptions of one checkpoint agree to the bit)."""
+    import shutil
+
+    from privdl.runner import build
+
+    a9a = {"task": "a9a", "graph": "ring:4", "steps": 12, "eval_every": 4, "lr": 0.1,
+           "clip": 1.0, "batch_size": 8, "algorithm": "ldp", "sigma": 0.5, "seed": 3,
+           "key_source": "os"}  # fmt: skip
+    cfg = make_config(a9a)
+    seeds = set()
+    for _ in range(2):
+        built = build(cfg, calibrated=True)
+        built.init_state(built.initial_params())
+        seeds.add(built.task.seed)
+    assert len(seeds) == 2 and cfg.seed not in seeds
+    sgp = build(make_config({**LS, "algorithm": "privsgp", "graph": "expo:4", "sigma": 0.2, "clip_mode": "per_sample",
+                             "key_source": "os"}), calibrated=True)  # fmt: skip
+    assert sgp.init_state(sgp.initial_params()).seed != LS.get("seed", 0)
+
+    assert train(cfg, tmp_path / "p1", progress=False, stop_after=6) == {"stopped_at": 6}
+    saved = RunRecords(tmp_path / "p1").load_checkpoint()["keys"]["sampling_seed"]
+    assert saved != cfg.seed
+    shutil.copytree(tmp_path / "p1", tmp_path / "p2")
+    r1, r2 = (resume(tmp_path / p, progress=False) for p in ("p1", "p2"))
+    drop = {"wall_time"}
+    assert {k: v for k, v in r1["final"].items() if k not in drop} == {
+        k: v for k, v in r2["final"].items() if k not in drop
+    }

@@ -59,8 +59,8 @@ class RunConfig(BaseModel):
     sampling: Literal["without_replacement", "poisson", "full"] = "without_replacement"
     clip: float | None = None
     clip_mode: Literal["none", "per_sample", "batch_mean"] = "none"
-    # None: the algorithm's own (smooth, Definition 2, for PORTER; hard elsewhere), resolved and
-    # saved when the config is built
+    # unset (None): the algorithm's own (smooth, Definition 2, for PORTER; hard elsewhere),
+    # resolved when the config is built and saved with it
     clip_kind: Literal["hard", "smooth"] | None = None
     sigma: float = 0.0
     sigma_cor: float = 0.0
@@ -110,6 +110,15 @@ class RunConfig(BaseModel):
                     raise ValueError(
                         f"{key}={value!r}: {key} takes a number or a name, not true/false"
                     )
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_clip_kind(cls, values: Any) -> Any:
+        """``clip_kind`` unset: PORTER's smooth operator (Definition 2), hard elsewhere (Eq. 1)."""
+        if isinstance(values, dict) and values.get("clip_kind") is None:
+            porter = values.get("algorithm") in PORTER
+            values = {**values, "clip_kind": "smooth" if porter else "hard"}
         return values
 
     @field_validator("lr", "sigma", "sigma_cor", "weight_decay")
@@ -314,8 +323,6 @@ def _resolve_family_options(cfg: RunConfig) -> RunConfig:
 
             small = parse_topology(cfg.graph).n <= FDLA_DEFAULT_MAX_NODES
             updates["mixing"] = "fdla" if small else "best-constant"
-    if cfg.clip_kind is None:  # PORTER's operator is smooth (Definition 2), D-SGD's hard (Eq. 1)
-        updates["clip_kind"] = "smooth" if porter else "hard"
     if porter and cfg.compressor is None:
         updates["compressor"] = "none"
     if porter and cfg.gamma is None:

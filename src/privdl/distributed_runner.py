@@ -298,7 +298,7 @@ def run_worker(
         if cfg.key_source == "os":
             state = _os_keys(
                 built.algorithm, state, comm.shard(full), comm=comm, oracle=sample_oracle,
-                out_dir=Path(out_dir), resumed=ckpt is not None,
+                task=built.task, out_dir=Path(out_dir), resumed=ckpt is not None,
             )  # fmt: skip
         wall0 = 0.0
         if (
@@ -371,6 +371,7 @@ def _os_keys(
     *,
     comm: DistributedCommunicator,
     oracle: Any,
+    task: Any,
     out_dir: Path,
     resumed: bool,
 ) -> Any:
@@ -379,10 +380,13 @@ def _os_keys(
 
     DECOR and D-SGD are initialised again without a seed (node noise keys from ``os.urandom``,
     DECOR's X25519 pairs from ``generate()`` and exchanged with the neighbours' ranks); other
-    algorithms keep their seeded state and get fresh node noise keys. A resumed run reads its
-    file back and needs the same number of processes (the same nodes per rank).
+    algorithms keep their seeded state and get fresh node noise keys. Each rank also draws its
+    own data-sampling seed (:func:`privdl.runner.with_sampling_seed`; a rank samples only its
+    nodes' rows). A resumed run reads its file back and needs the same number of processes.
     """
     from dataclasses import replace
+
+    from privdl.runner import sampling_seed, with_sampling_seed
 
     rank, world = dist.get_rank(), dist.get_world_size()
     path = _key_file(out_dir, rank)
@@ -393,11 +397,14 @@ def _os_keys(
             saved = torch.load(path, map_location="cpu", weights_only=False)
         except (OSError, EOFError, RuntimeError):
             problem = (
-                f"{path} is missing or unreadable: a key_source=os run resumes only with the "
-                "keys each rank kept"
+                f"{path} is missing or unreadable: a launched key_source=os run resumes only "
+                "with the keys each rank kept (a privdl run keeps them in its checkpoint: resume "
+                "that with privdl run --resume)"
             )
         else:
-            if saved.get("world") != world or saved.get("owned") != owned:
+            if not isinstance(saved, dict) or "sampling_seed" not in saved:
+                problem = f"{path} is not a key file of this privdl version; the run cannot resume"
+            elif saved.get("world") != world or saved.get("owned") != owned:
                 problem = (
                     f"this key_source=os run was launched with {saved.get('world')} processes: "
                     f"resume it with --nproc {saved.get('world')} (each rank kept its own keys)"
@@ -408,17 +415,21 @@ def _os_keys(
     if first is not None:
         raise PrivdlError(first) if rank == 0 else ReportedError(first)
     if saved is not None:
-        return replace(state, **saved["keys"])
+        state = replace(state, **saved["keys"])
+        return with_sampling_seed(state, task, saved["sampling_seed"])
     if isinstance(algorithm, Decor | DSGD):
         state = init_shard_state(algorithm, params, comm=comm, seed=None, oracle=oracle)
     elif getattr(state, "noise_keys", ()):
         keys = tuple(None if k is None else os.urandom(32) for k in state.noise_keys)
         state = replace(state, noise_keys=keys)
+    seed = sampling_seed()
+    state = with_sampling_seed(state, task, seed)
     keys = {k: tuple(getattr(state, k)) for k in ("noise_keys", "edge_keys") if hasattr(state, k)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    path.unlink(missing_ok=True)  # created afresh, so the mode below applies
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        torch.save({"world": world, "owned": owned, "keys": keys}, f)
+        torch.save({"world": world, "owned": owned, "keys": keys, "sampling_seed": seed}, f)
     return state
 
 

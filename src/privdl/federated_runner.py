@@ -98,7 +98,15 @@ class FederatedRun:
             worst = int(np.argmax(eps))
             spent = budgets[worst]["accounted"] or server_budget(0.0, self.trainer.config.delta)
             notes = f"largest of the {len(eps)} clients' epsilons (client {worst})"
-            row["privacy"] = {**spent, "notes": "; ".join(filter(None, (notes, spent["notes"])))}
+            seeded = (  # a simulation: the clients' noise and batches come from the run's seed
+                "noise and sampling from the seed: a reproducible simulation; whoever knows the "
+                "seed can rebuild the noise, so the guarantee holds only against an adversary "
+                "who does not"
+            )
+            row["privacy"] = {
+                **spent,
+                "notes": "; ".join(filter(None, (notes, spent["notes"], seeded))),
+            }
             row["client_epsilons"] = [round(e, 6) for e in eps]
         if self.last_weights is not None:  # the server's weights w_i of the last round
             row["weights"] = self.last_weights

@@ -216,7 +216,7 @@ def calibrate(cfg, topo, task):
 KEY_NOTES = {
     "seed": "keys from the seed: a reproducible simulation; whoever knows the seed can rebuild "
     "the noise, so the guarantee holds only against an adversary who does not",
-    "os": "keys from OS randomness",
+    "os": "noise keys and data sampling from OS randomness",
 }
 
 

@@ -62,12 +62,16 @@ class Built:
 
     def init_state(self, params: Tree) -> Any:
         """``algorithm.init`` with what it needs (PrivSGP: its sample oracle for the table);
-        with ``key_source = "os"`` its keys are replaced by fresh ones (:func:`with_os_keys`)."""
+        with ``key_source = "os"`` its keys and data sampling are drawn afresh
+        (:func:`with_os_keys`)."""
         if self.cfg.algorithm in PRIVSGP:
             state = self.algorithm.init(params, self.oracle, seed=self.cfg.seed)
         else:
             state = self.algorithm.init(params, seed=self.cfg.seed)
-        return with_os_keys(state, self.algorithm) if self.cfg.key_source == "os" else state
+        if self.cfg.key_source != "os":
+            return state
+        state = with_os_keys(state, self.algorithm)
+        return with_sampling_seed(state, self.task, sampling_seed())
 
     # the steps of the runner's loop (a federated run has the same: federated_runner)
     def advance(self, state: Any) -> Any:
@@ -88,19 +92,23 @@ class Built:
         ckpt = checkpoint(state, state.params, wall=wall)
         if self.cfg.key_source == "os":  # not derivable: the run cannot resume without them
             ckpt["keys"] = {k: list(getattr(state, k)) for k in _KEY_FIELDS if hasattr(state, k)}
+            ckpt["keys"]["sampling_seed"] = int(self.task.seed)
         return ckpt
 
     def restore(self, state: Any, ckpt: dict[str, Any]) -> Any:
         state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
         if self.cfg.key_source == "os":
             keys = ckpt.get("keys")
-            if not isinstance(keys, dict):
+            if not isinstance(keys, dict) or "sampling_seed" not in keys:
                 raise PrivdlError(
                     "the checkpoint of this key_source=os run holds no keys: a privdl launch run "
                     "keeps them per rank (OUT/keys); resume it with privdl launch --resume and "
                     "the same --nproc"
                 )
+            keys = dict(keys)
+            seed = int(keys.pop("sampling_seed"))
             state = dataclasses.replace(state, **{k: tuple(v) for k, v in keys.items()})
+            state = with_sampling_seed(state, self.task, seed)
         return state
 
     def calibration(self) -> dict[str, Any] | None:
@@ -246,12 +254,35 @@ _DERIVED = ("t", "seed", "noise_keys", "edge_keys", "nodes")
 _KEY_FIELDS = ("noise_keys", "edge_keys")
 
 
+def sampling_seed() -> int:
+    """A 63-bit seed for the data sampling, from the OS (``key_source = "os"``)."""
+    import os
+
+    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+
+
+def with_sampling_seed(state: Any, task: Any, seed: int) -> Any:
+    """Data sampling keyed by ``seed`` instead of the run's: the task's minibatches and, where
+    the state's seed draws the samples (PrivSGP's xi, DP2-SGD's), that seed. Subsampling
+    amplification assumes the adversary does not know which samples were drawn.
+    (PORTER's and SoteriaFL's state seed keys public compression masks: left as it is.)"""
+    from privdl.algorithms.dp2sgd import GossipState
+    from privdl.algorithms.privsgp import PrivSGPState
+
+    if hasattr(task, "seed"):
+        task.seed = int(seed)
+    if isinstance(state, PrivSGPState | GossipState):
+        state = dataclasses.replace(state, seed=int(seed))
+    return state
+
+
 def with_os_keys(state: Any, algorithm: Any) -> Any:
     """``state`` with its stream keys drawn from the operating system instead of the seed.
 
     Node noise keys: ``os.urandom(32)`` each; DECOR's edge secrets: a fresh X25519 agreement with
-    OS key pairs (:func:`privdl.mechanisms.agree_edge_secrets` with ``seed=None``). Everything
-    else the seed drives (initialisation, sampling, compression) stays reproducible.
+    OS key pairs (:func:`privdl.mechanisms.agree_edge_secrets` with ``seed=None``). The data
+    sampling is re-keyed by :func:`with_sampling_seed`; initialisation and compression masks
+    stay seeded.
     """
     import os
 

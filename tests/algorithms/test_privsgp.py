@@ -568,3 +568,44 @@ def test_the_table_is_updated_in_place_and_a_stale_state_refused():
         alg.step(state, oracle, comm)
     again, _ = alg.step(branch, oracle, comm)
     assert torch.equal(again.table, new.table) and torch.equal(again.x["x"], new.x["x"])
+
+
+def test_implemented_vr_step_stays_within_the_accounted_sensitivity():
+    """The step ``PrivSGP.step`` really takes (running mean, refreshes, in-place table) on two
+    neighbouring least-squares datasets (one sample of node 0 replaced), both stepped from the
+    same released iterate, sigma = 0: ||x1 - x2|| / gamma = ||g1 - g2|| never exceeds
+    privsgp_vr_sensitivity, the bound ``privdl run privsgp-vr`` accounts with."""
+    import dataclasses
+
+    import scipy.sparse as sp
+
+    from privdl.accounting.nominal import privsgp_vr_sensitivity
+    from privdl.algorithms.privsgp import LeastSquaresSamples, flatten
+    from privdl.comm.local import LocalCommunicator
+    from privdl.topology.mixing import MixingMatrix
+
+    d64, n, j, dim, clip, gam = torch.float64, 2, 4, 3, 1.0, 0.5
+    bound = privsgp_vr_sensitivity(clip, entries=j)
+    worst = 0.0
+    for trial in range(12):
+        g = torch.Generator().manual_seed(trial)
+        a = torch.randn(n, j, dim, generator=g, dtype=d64) * 3
+        b = torch.randn(n, j, generator=g, dtype=d64) * 10
+        a2, b2 = a.clone(), b.clone()
+        a2[0, trial % j] = torch.randn(dim, generator=g, dtype=d64) * 3
+        b2[0, trial % j] = -b[0, trial % j]
+        o1, o2 = LeastSquaresSamples(a, b, clip=clip), LeastSquaresSamples(a2, b2, clip=clip)
+        comm = LocalCommunicator(MixingMatrix("id", sp.identity(n, format="csr")), dtype=d64)
+        alg = PrivSGP(StepSize(gam), sigmas=0.0, refresh_every=3)
+        x0 = {"x": torch.randn(n, dim, generator=g, dtype=d64)}
+        s1, s2 = alg.init(x0, o1, seed=trial), alg.init(x0, o2, seed=trial)
+        t2, m2 = s2.table, s2.table_mean
+        for _ in range(30):
+            st2 = dataclasses.replace(s1, table=t2, table_mean=m2)  # the same released x, w
+            t2._privdl_saga_t = s1.t  # the in-place table's step guard, as if it were s1's
+            n1, _ = alg.step(s1, o1, comm)
+            n2, _ = alg.step(st2, o2, comm)
+            dg = (flatten(n1.x) - flatten(n2.x)) / gam
+            worst = max(worst, float(dg.norm(dim=1).max()) / bound)
+            t2, m2, s1 = n2.table, n2.table_mean, n1
+    assert 0.3 < worst <= 1.0 + 1e-9

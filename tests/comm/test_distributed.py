@@ -427,7 +427,7 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     seeded = agree_edge_secrets(parse_graph("ring:6").edges, 6, seed=RUN["seed"]).edge_keys()
     assert all(e0[e] != seeded[e] for e in shared)
     summary = json.loads((a / "summary.json").read_text())
-    assert "keys from OS randomness" in summary["final"]["privacy"]["notes"]
+    assert "noise keys and data sampling from OS randomness" in summary["final"]["privacy"]["notes"]
 
     p1, p2, p3 = tmp_path / "p1", tmp_path / "p2", tmp_path / "p3"
     assert run_ranks(2, _os_rank, (str(p1), 12)) == [0, 0]

@@ -235,11 +235,13 @@ class RobustHDP(Aggregator):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 est = estimate_noise_levels(inp.updates.double(), **self.estimate_kwargs)
-            for w in caught:  # counted, then passed on to the caller's filters
-                self.rpca_not_converged += issubclass(w.category, RPCANotConvergedWarning)
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self.sigma2.update(zip(ids, est.tolist(), strict=True))
             self.estimated_at = inp.round_index
+            self.rpca_not_converged += sum(
+                issubclass(w.category, RPCANotConvergedWarning) for w in caught
+            )
+            for w in caught:  # passed on to the caller's filters, the state already consistent
+                warnings.warn(w.message, stacklevel=2)
         sigma2 = torch.tensor([self.sigma2[i] for i in ids], dtype=torch.float64)
         w = inverse_variance_weights(sigma2).to(inp.updates)
         return AggregationResult(w, inp.updates, {"sigma2_hat": sigma2, "estimated": due})

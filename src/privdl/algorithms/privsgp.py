@@ -19,8 +19,10 @@ For least squares (:class:`LeastSquaresSamples`) an entry is one scalar per samp
 so the exact table costs ``n J`` floats instead of ``n J d``.
 
 Privacy: :func:`noise_plan` gives sigma_i per node from Theorem 2 (``mode="nominal"``, eq. 11,
-with the unspecified constant c2) or from an RDP accountant (``mode="accounted"``);
-:func:`optimal_steps` gives K* in both modes (eq. 12, or a numerical minimum of U(K), eq. 14).
+with the unspecified constant c2), from the accountant ``privdl run`` certifies with
+(``mode="accounted"``) or from the paper-style Poisson approximation
+(``mode="poisson_approximation"``, not certified); :func:`optimal_steps` gives K* in each mode
+(eq. 12, or a numerical minimum of U(K), eq. 14).
 """
 
 from __future__ import annotations

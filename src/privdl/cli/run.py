@@ -256,10 +256,14 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
     )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
     cfg = summary.get("config") or {}
-    if final.get("privacy") and cfg.get("key_source") == "seed" and cfg.get("graph") != "server":
-        click.echo(  # as Opacus without secure_mode: fine for experiments, not for deployment
-            "keys: derived from --seed (a reproducible simulation: whoever knows the seed can "
-            "rebuild the noise); --key-source os draws them from the OS"
+    if final.get("privacy") and cfg.get("key_source", "seed") == "seed":
+        # as Opacus without secure_mode: fine for experiments, not for deployment
+        click.echo(
+            "noise: drawn from --seed's generator (a reproducible simulation: whoever knows the "
+            "seed can rebuild it)"
+            if cfg.get("graph") == "server"
+            else "keys: derived from --seed (a reproducible simulation: whoever knows the seed "
+            "can rebuild the noise and the batches drawn); --key-source os draws them from the OS"
         )
     if final.get("client_epsilons"):
         eps = final["client_epsilons"]

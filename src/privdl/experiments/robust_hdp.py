@@ -569,6 +569,10 @@ def _accuracy_table(preset_name: str):
                     "accuracy_std": float(np.std(accs)),
                     "accuracy_seeds": accs,
                 }
+                if any("rpca_not_converged" in r for r in runs):  # over every seed's cell
+                    results[method][dist]["rpca_not_converged"] = sum(
+                        r.get("rpca_not_converged", 0) for r in runs
+                    )
                 done += 1
                 elapsed[f"{method}/{dist}"] = time.perf_counter() - t0
                 _progress(
