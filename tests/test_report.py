@@ -196,3 +196,19 @@ def test_copies_of_one_run_are_named_by_their_directories(tmp_path):
         "ldp / ring:8 [first]",
         "ldp / ring:8 [copy]",
     ]
+
+
+def test_report_says_when_a_runs_keys_came_from_the_seed(tmp_path):
+    """The records' key notes reach the table's readers: a footnote names the seeded runs, and
+    none appears when every run drew its keys from the OS."""
+    from privdl.config import make_config
+    from privdl.report import load_runs, markdown_table
+    from privdl.runner import train
+
+    base = {"algorithm": "ldp", "task": "least-squares", "graph": "ring:4", "steps": 4,
+            "eval_every": 2, "clip": 1.0, "sigma": 1.0}  # fmt: skip
+    train(make_config(base), tmp_path / "seeded", progress=False)
+    train(make_config({**base, "key_source": "os"}), tmp_path / "os", progress=False)
+    both = markdown_table(load_runs([tmp_path / "seeded", tmp_path / "os"]))
+    assert "derived from the seed" in both and "key_source=seed" in both.split("derived")[0][-400:]
+    assert "derived from the seed" not in markdown_table(load_runs([tmp_path / "os"]))

@@ -175,6 +175,11 @@ def test_refuses_to_overwrite_an_earlier_run(tmp_path):
     train(cfg, tmp_path / "x", progress=False)
     with pytest.raises(PrivdlError, match="already holds a run"):
         train(cfg, tmp_path / "x", progress=False)
+    # an overwrite leaves nothing of the earlier run, a launched run's rank key files included
+    (tmp_path / "x" / "keys").mkdir()
+    (tmp_path / "x" / "keys" / "rank-0.pt").write_bytes(b"secret")
+    train(cfg, tmp_path / "x", progress=False, overwrite=True)
+    assert not (tmp_path / "x" / "keys").exists()
 
 
 @pytest.mark.parametrize(
@@ -332,7 +337,11 @@ def test_os_keys_refused_where_they_are_not_kept(tmp_path):
     assert train(cfg, tmp_path / "r", progress=False, stop_after=7) == {"stopped_at": 7}
     path = RunRecords(tmp_path / "r").checkpoint_path
     ckpt = torch.load(path, weights_only=False)
-    del ckpt["keys"]  # as a launched run's gathered checkpoint
+    del ckpt["keys"]
+    torch.save(ckpt, path)
+    with pytest.raises(PrivdlError, match="holds no keys: the run cannot be resumed"):
+        resume(tmp_path / "r", progress=False)
+    ckpt["key_run_id"] = "0f" * 16  # as a launched run's gathered checkpoint
     torch.save(ckpt, path)
     with pytest.raises(PrivdlError, match="resume it with privdl launch --resume"):
         resume(tmp_path / "r", progress=False)

@@ -295,10 +295,11 @@ def run_worker(
         state = init_shard_state(
             built.algorithm, comm.shard(full), comm=comm, seed=cfg.seed, oracle=sample_oracle
         )
+        key_run_id = None
         if cfg.key_source == "os":
-            state = _os_keys(
+            state, key_run_id = _os_keys(
                 built.algorithm, state, comm.shard(full), comm=comm, oracle=sample_oracle,
-                task=built.task, out_dir=Path(out_dir), resumed=ckpt is not None,
+                task=built.task, out_dir=Path(out_dir), ckpt=ckpt,
             )  # fmt: skip
         wall0 = 0.0
         if (
@@ -334,9 +335,10 @@ def run_worker(
                         row = _eval_row(built, full, state.t, wall)
                         if not all(math.isfinite(v) for v in row.values() if isinstance(v, float)):
                             row["diverged"] = True
-                        records.save_checkpoint(
-                            checkpoint(state, full, wall=wall, extra=extra)  # every shard's state
-                        )
+                        ckpt_now = checkpoint(state, full, wall=wall, extra=extra)  # every shard
+                        if key_run_id is not None:  # which rank key files go with it (public)
+                            ckpt_now["key_run_id"] = key_run_id
+                        records.save_checkpoint(ckpt_now)
                         if state.t not in have:
                             records.append(row)
                         last_row, stop = row, bool(row.get("diverged"))
@@ -364,6 +366,9 @@ def _key_file(out_dir: Path, rank: int) -> Path:
     return out_dir / "keys" / f"rank-{rank}.pt"
 
 
+_KEY_FILE_FIELDS = {"world", "owned", "keys", "sampling_seed", "run_id"}
+
+
 def _os_keys(
     algorithm: Any,
     state: Any,
@@ -373,16 +378,19 @@ def _os_keys(
     oracle: Any,
     task: Any,
     out_dir: Path,
-    resumed: bool,
-) -> Any:
+    ckpt: dict | None,
+) -> tuple[Any, str]:
     """``key_source = "os"`` under ``privdl launch``: each rank's keys from the OS, kept only in
-    its own file ``OUT/keys/rank-R.pt`` (mode 0600; never gathered into the checkpoint).
+    its own file ``OUT/keys/rank-R.pt`` (mode 0600, folder 0700; never gathered into the
+    checkpoint). Returns the state and the run's key id (kept in the checkpoint, not secret).
 
     DECOR and D-SGD are initialised again without a seed (node noise keys from ``os.urandom``,
     DECOR's X25519 pairs from ``generate()`` and exchanged with the neighbours' ranks); other
     algorithms keep their seeded state and get fresh node noise keys. Each rank also draws its
     own data-sampling seed (:func:`privdl.runner.with_sampling_seed`; a rank samples only its
-    nodes' rows). A resumed run reads its file back and needs the same number of processes.
+    nodes' rows). A resumed run (``ckpt``) reads the file back: it must carry the checkpoint's
+    key id (not another run's file) and the fields this algorithm has, and the run needs the
+    same number of processes.
     """
     from dataclasses import replace
 
@@ -391,23 +399,35 @@ def _os_keys(
     rank, world = dist.get_rank(), dist.get_world_size()
     path = _key_file(out_dir, rank)
     owned = comm.owned.tolist()
+    fields = {k for k in ("noise_keys", "edge_keys") if hasattr(state, k)}
     problem, saved = None, None
-    if resumed:
+    if ckpt is not None:
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-        except (OSError, EOFError, RuntimeError):
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
             problem = (
-                f"{path} is missing or unreadable: a launched key_source=os run resumes only "
-                "with the keys each rank kept (a privdl run keeps them in its checkpoint: resume "
-                "that with privdl run --resume)"
+                f"{path} is missing: a launched key_source=os run resumes only with the keys "
+                "each rank kept (a privdl run keeps them in its checkpoint: resume that with "
+                "privdl run --resume)"
             )
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one clear line
+            problem = f"{path} is unreadable ({type(exc).__name__}); the run cannot resume"
         else:
-            if not isinstance(saved, dict) or "sampling_seed" not in saved:
-                problem = f"{path} is not a key file of this privdl version; the run cannot resume"
-            elif saved.get("world") != world or saved.get("owned") != owned:
+            if (
+                not isinstance(saved, dict)
+                or set(saved) != _KEY_FILE_FIELDS
+                or not isinstance(saved["keys"], dict)
+                or set(saved["keys"]) != fields
+            ):
+                problem = f"{path} is not a key file of this run's kind; the run cannot resume"
+            elif saved["run_id"] != ckpt.get("key_run_id"):
                 problem = (
-                    f"this key_source=os run was launched with {saved.get('world')} processes: "
-                    f"resume it with --nproc {saved.get('world')} (each rank kept its own keys)"
+                    f"{path} belongs to another run (its key id differs from the checkpoint's)"
+                )
+            elif saved["world"] != world or saved["owned"] != owned:
+                problem = (
+                    f"this key_source=os run was launched with {saved['world']} processes: "
+                    f"resume it with --nproc {saved['world']} (each rank kept its own keys)"
                 )
     problems: list[str | None] = [None] * world
     dist.all_gather_object(problems, problem)
@@ -416,7 +436,8 @@ def _os_keys(
         raise PrivdlError(first) if rank == 0 else ReportedError(first)
     if saved is not None:
         state = replace(state, **saved["keys"])
-        return with_sampling_seed(state, task, saved["sampling_seed"])
+        return with_sampling_seed(state, task, saved["sampling_seed"]), saved["run_id"]
+    run_id = _bcast(os.urandom(16).hex() if rank == 0 else None)
     if isinstance(algorithm, Decor | DSGD):
         state = init_shard_state(algorithm, params, comm=comm, seed=None, oracle=oracle)
     elif getattr(state, "noise_keys", ()):
@@ -424,13 +445,16 @@ def _os_keys(
         state = replace(state, noise_keys=keys)
     seed = sampling_seed()
     state = with_sampling_seed(state, task, seed)
-    keys = {k: tuple(getattr(state, k)) for k in ("noise_keys", "edge_keys") if hasattr(state, k)}
-    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = {k: tuple(getattr(state, k)) for k in sorted(fields)}
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # created afresh, so the mode below applies
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        torch.save({"world": world, "owned": owned, "keys": keys, "sampling_seed": seed}, f)
-    return state
+        torch.save(
+            {"world": world, "owned": owned, "keys": keys, "sampling_seed": seed, "run_id": run_id},
+            f,
+        )
+    return state, run_id
 
 
 def _federated_worker(

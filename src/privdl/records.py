@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -144,6 +145,7 @@ class RunRecords:
         for p in (self.metrics_path, self.checkpoint_path, self.summary_path):
             if p.exists():
                 p.unlink()
+        shutil.rmtree(self.dir / "keys", ignore_errors=True)  # an earlier run's rank key files
         write_json_atomic(self.dir / "config.json", config)
         write_json_atomic(self.dir / "environment.json", environment())
 

@@ -228,6 +228,19 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
         )
     if uneven:
         lines += ["", "\\* the repeats stopped at different steps: their last values are averaged."]
+    seeded = [
+        label
+        for g, label in zip(groups, distinct_labels(groups), strict=True)
+        if any("from the seed" in str((r["rows"][-1].get("privacy") or {}).get("notes")) for r in g)
+    ]
+    if seeded:  # the records' key notes (privdl.privacy.KEY_NOTES), said where readers look
+        lines += [
+            "",
+            f"Noise keys and sampling of {', '.join(_cell(x) for x in seeded)} derived from the "
+            "seed: a reproducible simulation; whoever knows the seed can rebuild the noise, so "
+            "the privacy guarantee holds only against an adversary who does not "
+            "(`--key-source os` draws them from the OS in decentralized runs).",
+        ]
     return "\n".join(lines)
 
 

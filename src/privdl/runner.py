@@ -99,11 +99,20 @@ class Built:
         state = import_state(state, ckpt["params"], ckpt.get("state", {}), t=int(ckpt["t"]))
         if self.cfg.key_source == "os":
             keys = ckpt.get("keys")
-            if not isinstance(keys, dict) or "sampling_seed" not in keys:
+            if not isinstance(keys, dict):
+                where = (
+                    "a privdl launch run keeps them per rank (OUT/keys); resume it with privdl "
+                    "launch --resume and the same --nproc"
+                    if "key_run_id" in ckpt
+                    else "the run cannot be resumed"
+                )
                 raise PrivdlError(
-                    "the checkpoint of this key_source=os run holds no keys: a privdl launch run "
-                    "keeps them per rank (OUT/keys); resume it with privdl launch --resume and "
-                    "the same --nproc"
+                    f"the checkpoint of this key_source=os run holds no keys: {where}"
+                )
+            if "sampling_seed" not in keys:
+                raise PrivdlError(
+                    "the checkpoint of this key_source=os run predates its sampling seed (an "
+                    "earlier privdl): the run cannot be resumed"
                 )
             keys = dict(keys)
             seed = int(keys.pop("sampling_seed"))

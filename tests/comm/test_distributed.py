@@ -432,8 +432,12 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     p1, p2, p3 = tmp_path / "p1", tmp_path / "p2", tmp_path / "p3"
     assert run_ranks(2, _os_rank, (str(p1), 12)) == [0, 0]
     p4 = tmp_path / "p4"  # the same checkpoint resumed with the seed's keys: another run
-    for copy in (p2, p3, p4):
+    p5, p6 = tmp_path / "p5", tmp_path / "p6"  # a corrupt key file; another run's key file
+    for copy in (p2, p3, p4, p5, p6):
         shutil.copytree(p1, copy)
+    assert (p1 / "keys").stat().st_mode & 0o777 == 0o700
+    (p5 / "keys" / "rank-1.pt").write_bytes(os.urandom(500))
+    shutil.copy(a / "keys" / "rank-1.pt", p6 / "keys" / "rank-1.pt")  # same nproc and nodes
     cfg4 = json.loads((p4 / "config.json").read_text())
     (p4 / "config.json").write_text(json.dumps({**cfg4, "key_source": "seed"}))
     for run in (p1, p2, p4):
@@ -444,3 +448,6 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     capfd.readouterr()
     assert 0 not in run_ranks(3, _resume_rank, (str(p3),))
     assert "resume it with --nproc 2" in capfd.readouterr().err
+    for run, message in ((p5, "rank-1.pt is unreadable"), (p6, "belongs to another run")):
+        assert 0 not in run_ranks(2, _resume_rank, (str(run),))
+        assert message in capfd.readouterr().err  # PrivdlError: one line under the CLI
