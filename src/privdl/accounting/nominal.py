@@ -169,24 +169,15 @@ def privsgp_accounted_sigma(
     drawn without replacement per step, sensitivity ``2C/B``, subsampled RDP (Wang et al. 2019).
     """
     from privdl.accounting.conversion import step_rdp_for_epsilon
-    from privdl.accounting.dpsgd import calibrate_noise_multiplier
 
     if variance_reduction:
         sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
         rho = step_rdp_for_epsilon(epsilon, steps=int(steps), delta=delta)
         return sens / math.sqrt(2.0 * rho) * (1 + 1e-9)
-    z = calibrate_noise_multiplier(
-        target_epsilon=epsilon,
-        sampling_rate=1.0 / entries,
-        steps=int(steps),
-        delta=delta,
-        accountant="rdp",
-        sampling="fixed_size",
-        neighbouring="replace_one",
-        dataset_size=int(entries),
-        rtol=1e-3,
+    one = one_of_m_sigma(
+        bound=clip / block_size, m=entries, steps=steps, delta=delta, epsilon=epsilon
     )
-    return 2.0 * clip / block_size * z * (1 + 1e-9)
+    return one * (1 + 1e-9)
 
 
 def nominal_ldp_budget(
@@ -283,24 +274,35 @@ def porter_sigma(
     return c * tau * math.sqrt(steps * math.log(1.0 / delta)) / (local_samples * epsilon)
 
 
+def one_of_m_sigma(
+    *, bound: float, m: int, steps: int, delta: float, epsilon: float, rtol: float = 1e-3
+) -> float:
+    """sigma for ``epsilon`` when each step draws 1 of ``m`` entries without replacement and a
+    replaced entry moves the noised vector by ``2 bound`` (replace-one; dp-accounting's RDP of
+    the sampled-without-replacement Gaussian, T steps): ``2 bound z``."""
+    from privdl.accounting.dpsgd import calibrate_noise_multiplier
+
+    z = calibrate_noise_multiplier(
+        target_epsilon=epsilon,
+        sampling_rate=1.0 / m,
+        steps=int(steps),
+        delta=delta,
+        sampling="fixed_size",
+        neighbouring="replace_one",
+        dataset_size=int(m),
+        rtol=rtol,
+    )
+    return 2.0 * bound * z
+
+
 def porter_accounted_sigma(
     *, tau: float, steps: int, delta: float, local_samples: int, epsilon: float, rtol: float = 1e-3
 ) -> float:
     """The sigma_p the accountant of :func:`porter_plan` needs for ``epsilon`` (replace-one,
     b = 1 of m without replacement: a replaced sample moves the clipped gradient by 2 tau)."""
-    from privdl.accounting.dpsgd import calibrate_noise_multiplier
-
-    z = calibrate_noise_multiplier(
-        target_epsilon=epsilon,
-        sampling_rate=1.0 / local_samples,
-        steps=int(steps),
-        delta=delta,
-        sampling="fixed_size",
-        neighbouring="replace_one",
-        dataset_size=int(local_samples),
-        rtol=rtol,
+    return one_of_m_sigma(
+        bound=tau, m=local_samples, steps=steps, delta=delta, epsilon=epsilon, rtol=rtol
     )
-    return 2.0 * tau * z
 
 
 def porter_plan(
