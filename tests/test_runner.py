@@ -326,12 +326,9 @@ def test_os_keys_are_not_the_seeds_and_a_resumed_run_keeps_them(tmp_path, algori
     }
 
 
-def test_os_keys_refused_where_they_are_not_kept(tmp_path):
-    """Federated client noise comes from the run's seeded generator: key_source is refused; a
-    single-process resume of a launched key_source=os run (keys kept per rank) is one line."""
-    with pytest.raises(ConfigError, match="key_source does not apply to dpfedavg"):
-        make_config({"algorithm": "dpfedavg", "task": "a9a", "clients": 4, "clip": 1.0,
-                     "epsilon": 1.0, "key_source": "os"})  # fmt: skip
+def test_os_keys_single_process_resume_errors_say_what_is_missing(tmp_path):
+    """A checkpoint without its keys (or a launched run's, whose keys each rank kept) cannot
+    resume a key_source=os run: one line that says so."""
     cfg = make_config({**LS, "algorithm": "ldp", "sigma": 0.5, "steps": 20, "key_source": "os",
                        "eval_every": 5})  # fmt: skip
     assert train(cfg, tmp_path / "r", progress=False, stop_after=7) == {"stopped_at": 7}
@@ -378,3 +375,27 @@ def test_os_keys_draw_the_data_sampling_too(tmp_path):
     assert {k: v for k, v in r1["final"].items() if k not in drop} == {
         k: v for k, v in r2["final"].items() if k not in drop
     }
+
+
+def test_federated_os_key_source_seeds_the_clients_generator_from_the_os(tmp_path):
+    """key_source=os in a federated run: the clients' generator (noise, batches, participation)
+    is seeded by the OS, so two runs with one seed differ while the model's initialisation does
+    not; the checkpoint holds the generator's state, so two resumptions agree to the bit."""
+    import shutil
+
+    base = {"algorithm": "dpfedavg", "task": "a9a", "clients": 4, "batch_size": 64, "lr": 0.05,
+            "clip": 1.0, "epsilon": 2.0, "steps": 4, "eval_every": 2, "key_source": "os"}  # fmt: skip
+    a = train(make_config(base), tmp_path / "a", progress=False)
+    b = train(make_config(base), tmp_path / "b", progress=False)
+    assert a["final"]["loss"] != b["final"]["loss"]
+    first = [next(iter(RunRecords(tmp_path / r).rows()))["loss"] for r in ("a", "b")]
+    assert first[0] == first[1]  # step 0: the same seeded initial model
+    assert "generator seeded by the OS" in a["final"]["privacy"]["notes"]
+    s = train(make_config({**base, "key_source": "seed"}), tmp_path / "s", progress=False)
+    assert "noise and sampling from the seed" in s["final"]["privacy"]["notes"]
+    assert train(make_config(base), tmp_path / "p1", progress=False, stop_after=2) == {
+        "stopped_at": 2
+    }
+    shutil.copytree(tmp_path / "p1", tmp_path / "p2")
+    r1, r2 = (resume(tmp_path / p, progress=False) for p in ("p1", "p2"))
+    assert r1["final"]["loss"] == r2["final"]["loss"]

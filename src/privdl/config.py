@@ -396,7 +396,6 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
         "lr_decay": "the local step size is constant (Eq. 1)",
         "weight_decay": "Eq. 1 has none",
         "noise_backend": "client noise comes from the run's torch generator",
-        "key_source": "client noise comes from the run's torch generator, seeded",
         "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",  # hard is accepted
         "sampling": "local batches are Poisson samples (what the accountant assumes)",
         "gamma": "it is PORTER's consensus step",

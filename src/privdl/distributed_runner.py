@@ -485,6 +485,10 @@ def _federated_worker(
         no_gossip, n_nodes=cfg_nodes(cfg), device=cfg.device, dtype=dtype, timeout_s=timeout_s
     )
     built = build_federated(cfg, comm=comm)
+    if cfg.key_source == "os":  # every rank holds the same generator: rank 0's OS draw
+        from privdl.runner import sampling_seed
+
+        built.noise_seed = _bcast(sampling_seed() if rank == 0 else None)
     state = built.init_state(built.initial_params())
     wall = 0.0
     if ckpt is not None:

@@ -70,6 +70,9 @@ class FederatedRun:
     topology: ServerTopology
     rpca_converged: bool = field(default=True, init=False)
     last_weights: list[float] | None = field(default=None, init=False)
+    # key_source "os": the seed of the clients' generator (noise, batches, participation), drawn
+    # from the OS by init_state unless given (a launched run broadcasts rank 0's draw)
+    noise_seed: int | None = field(default=None, init=False)
 
     # -- the steps the runner's loop calls ---------------------------------------------------
     def initial_params(self) -> Tree:
@@ -77,7 +80,15 @@ class FederatedRun:
         return {k: v[:1] for k, v in self.task.init_params(seed=self.cfg.seed).items()}
 
     def init_state(self, params: Tree) -> FederatedState:
-        return self.trainer.init(params, seed=self.cfg.seed)
+        """The clients' generator seeded by the run's seed, or (``key_source = "os"``) by the OS;
+        its state is checkpointed either way, so a resumed run draws what it would have."""
+        if self.cfg.key_source != "os":
+            return self.trainer.init(params, seed=self.cfg.seed)
+        if self.noise_seed is None:
+            from privdl.runner import sampling_seed
+
+            self.noise_seed = sampling_seed()
+        return self.trainer.init(params, seed=self.noise_seed)
 
     def advance(self, state: FederatedState) -> FederatedState:
         """One global round (Algorithm 1 lines 1-7)."""
@@ -98,10 +109,12 @@ class FederatedRun:
             worst = int(np.argmax(eps))
             spent = budgets[worst]["accounted"] or server_budget(0.0, self.trainer.config.delta)
             notes = f"largest of the {len(eps)} clients' epsilons (client {worst})"
-            seeded = (  # a simulation: the clients' noise and batches come from the run's seed
+            seeded = (  # a simulation: the clients' noise and batches come from one generator
                 "noise and sampling from the seed: a reproducible simulation; whoever knows the "
                 "seed can rebuild the noise, so the guarantee holds only against an adversary "
                 "who does not"
+                if self.cfg.key_source != "os"
+                else "noise and sampling from a generator seeded by the OS"
             )
             row["privacy"] = {
                 **spent,

@@ -239,7 +239,7 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
             f"Noise keys and sampling of {', '.join(_cell(x) for x in seeded)} derived from the "
             "seed: a reproducible simulation; whoever knows the seed can rebuild the noise, so "
             "the privacy guarantee holds only against an adversary who does not "
-            "(`--key-source os` draws them from the OS in decentralized runs).",
+            "(`--key-source os` draws them from the OS).",
         ]
     return "\n".join(lines)
 

@@ -260,7 +260,7 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         # as Opacus without secure_mode: fine for experiments, not for deployment
         click.echo(
             "noise: drawn from --seed's generator (a reproducible simulation: whoever knows the "
-            "seed can rebuild it)"
+            "seed can rebuild it); --key-source os seeds it from the OS"
             if cfg.get("graph") == "server"
             else "keys: derived from --seed (a reproducible simulation: whoever knows the seed "
             "can rebuild the noise and the batches drawn); --key-source os draws them from the OS"
