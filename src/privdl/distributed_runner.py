@@ -369,6 +369,24 @@ def _key_file(out_dir: Path, rank: int) -> Path:
 _KEY_FILE_FIELDS = {"world", "owned", "keys", "sampling_seed", "run_id"}
 
 
+def _key_values_fit(saved: dict, state: Any) -> bool:
+    """The saved keys have the fresh state's shape: a non-negative int sampling seed, and per
+    key field as many entries, 32-byte keys exactly where the fresh state has one, else None."""
+    seed = saved["sampling_seed"]
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        return False
+    for field, keys in saved["keys"].items():
+        fresh = tuple(getattr(state, field))
+        if not isinstance(keys, tuple) or len(keys) != len(fresh):
+            return False
+        for new, old in zip(keys, fresh, strict=True):
+            if (new is None) != (old is None):
+                return False
+            if new is not None and not (isinstance(new, bytes) and len(new) == 32):
+                return False
+    return True
+
+
 def _os_keys(
     algorithm: Any,
     state: Any,
@@ -424,11 +442,15 @@ def _os_keys(
                 problem = (
                     f"{path} belongs to another run (its key id differs from the checkpoint's)"
                 )
-            elif saved["world"] != world or saved["owned"] != owned:
+            elif saved["world"] != world:
                 problem = (
                     f"this key_source=os run was launched with {saved['world']} processes: "
                     f"resume it with --nproc {saved['world']} (each rank kept its own keys)"
                 )
+            elif saved["owned"] != owned:
+                problem = f"{path} holds another rank's keys (nodes {saved['owned']}, not {owned})"
+            elif not _key_values_fit(saved, state):
+                problem = f"{path} holds malformed keys; the run cannot resume"
     problems: list[str | None] = [None] * world
     dist.all_gather_object(problems, problem)
     first = next((p for p in problems if p), None)

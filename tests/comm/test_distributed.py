@@ -433,8 +433,13 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     assert run_ranks(2, _os_rank, (str(p1), 12)) == [0, 0]
     p4 = tmp_path / "p4"  # the same checkpoint resumed with the seed's keys: another run
     p5, p6 = tmp_path / "p5", tmp_path / "p6"  # a corrupt key file; another run's key file
-    for copy in (p2, p3, p4, p5, p6):
+    p7, p8 = tmp_path / "p7", tmp_path / "p8"  # malformed values; another rank's file
+    for copy in (p2, p3, p4, p5, p6, p7, p8):
         shutil.copytree(p1, copy)
+    bad = torch.load(p7 / "keys" / "rank-1.pt", weights_only=True)
+    bad["keys"]["noise_keys"] = bad["keys"]["noise_keys"][:1]
+    torch.save(bad, p7 / "keys" / "rank-1.pt")
+    shutil.copy(p8 / "keys" / "rank-0.pt", p8 / "keys" / "rank-1.pt")
     assert (p1 / "keys").stat().st_mode & 0o777 == 0o700
     (p5 / "keys" / "rank-1.pt").write_bytes(os.urandom(500))
     shutil.copy(a / "keys" / "rank-1.pt", p6 / "keys" / "rank-1.pt")  # same nproc and nodes
@@ -448,6 +453,11 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     capfd.readouterr()
     assert 0 not in run_ranks(3, _resume_rank, (str(p3),))
     assert "resume it with --nproc 2" in capfd.readouterr().err
-    for run, message in ((p5, "rank-1.pt is unreadable"), (p6, "belongs to another run")):
+    for run, message in (
+        (p5, "rank-1.pt is unreadable"),
+        (p6, "belongs to another run"),
+        (p7, "rank-1.pt holds malformed keys"),
+        (p8, "rank-1.pt holds another rank's keys"),
+    ):
         assert 0 not in run_ranks(2, _resume_rank, (str(run),))
         assert message in capfd.readouterr().err  # PrivdlError: one line under the CLI
