@@ -412,7 +412,7 @@ def _os_keys(
     """
     from dataclasses import replace
 
-    from privdl.runner import sampling_seed, with_sampling_seed
+    from privdl.runner import sampling_seed, with_os_keys, with_sampling_seed
 
     rank, world = dist.get_rank(), dist.get_world_size()
     path = _key_file(out_dir, rank)
@@ -462,9 +462,8 @@ def _os_keys(
     run_id = _bcast(os.urandom(16).hex() if rank == 0 else None)
     if isinstance(algorithm, Decor | DSGD):
         state = init_shard_state(algorithm, params, comm=comm, seed=None, oracle=oracle)
-    elif getattr(state, "noise_keys", ()):
-        keys = tuple(None if k is None else os.urandom(32) for k in state.noise_keys)
-        state = replace(state, noise_keys=keys)
+    else:  # no edge secrets to agree across ranks: the single-process replacement does
+        state = with_os_keys(state, algorithm)
     seed = sampling_seed()
     state = with_sampling_seed(state, task, seed)
     keys = {k: tuple(getattr(state, k)) for k in sorted(fields)}

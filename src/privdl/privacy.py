@@ -277,31 +277,25 @@ def _privsgp_sigma(cfg, task, *, delta: float) -> float:
 
 def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any] | None]:
     from privdl.accounting.budget import PrivacyBudget
-    from privdl.accounting.conversion import compose_convert
     from privdl.accounting.dpsgd import event_epsilon
     from privdl.accounting.events import DecorStepEvent
+    from privdl.accounting.nominal import privsgp_vr_budget
 
     if cfg.clip is None:
         raise ConfigError(f"{cfg.algorithm} with noise needs a clipping threshold (--clip C)")
     delta = cfg.delta if cfg.delta is not None else DEFAULT_DELTA
-    sens = privsgp_sensitivity(cfg, task)
-    rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step
     j, b = privsgp_geometry(cfg, task)
     if cfg.algorithm == "privsgp-vr":
-        notes = (
-            f"no subsampling amplification (the SAGA mean depends on every sample); "
-            f"sensitivity (4-2/J)C/B with J={j}, B={b}; step_rdp={rho:.6g}"
-        )
-        accountant = "gaussian-rdp+classic"
-    else:
-        notes = f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
-        accountant = "rdp-subsampled"
+        return lambda t: privsgp_vr_budget(
+            sigma=sigma, clip=float(cfg.clip), entries=j, block_size=b, steps=t, delta=delta
+        ).to_dict()
+    sens = privsgp_sensitivity(cfg, task)
+    rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step
+    notes = f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
 
     def at(t: int) -> dict[str, Any]:
         if t == 0:
             eps = 0.0
-        elif cfg.algorithm == "privsgp-vr":
-            eps = compose_convert(rho, steps=t, delta=delta, conversion="classic")
         else:
             ev = DecorStepEvent(
                 step_rdp=rho,
@@ -315,7 +309,7 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
-            accountant=accountant,
+            accountant="rdp-subsampled",
             neighbouring="replace_one",
             unit="example",
             threat_model="ldp",

@@ -151,6 +151,31 @@ def privsgp_vr_sensitivity(clip: float, *, entries: int, block_size: int = 1) ->
     return (4.0 - 2.0 / entries) * clip / block_size
 
 
+def privsgp_vr_budget(
+    *, sigma: float, clip: float, entries: int, steps: int, delta: float, block_size: int = 1
+) -> PrivacyBudget:
+    """What ``privdl run privsgp-vr`` certifies after ``steps`` steps at noise ``sigma``: K
+    Gaussian steps of sensitivity :func:`privsgp_vr_sensitivity`, no subsampling amplification,
+    classic RDP conversion (replace-one, example level, threat model ldp)."""
+    from privdl.accounting.conversion import compose_convert
+
+    sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
+    rho = sens * sens / (2.0 * sigma * sigma)
+    eps = 0.0 if steps == 0 else compose_convert(rho, steps=int(steps), delta=delta)
+    return PrivacyBudget(
+        epsilon=eps,
+        delta=delta,
+        accountant="gaussian-rdp+classic",
+        neighbouring="replace_one",
+        unit="example",
+        threat_model="ldp",
+        notes=(
+            f"no subsampling amplification (the SAGA mean depends on every sample); "
+            f"sensitivity (4-2/J)C/B with J={entries}, B={block_size}; step_rdp={rho:.6g}"
+        ),
+    )
+
+
 def privsgp_accounted_sigma(
     *,
     clip: float,
@@ -223,8 +248,6 @@ def privsgp_plan(
         delta=delta,
         c2=c2,
     )
-    from privdl.accounting.conversion import compose_convert
-
     z = sigma / (3.0 * gradient_bound)
     approx = dpsgd_budget(
         noise_multiplier=z,
@@ -233,19 +256,8 @@ def privsgp_plan(
         delta=delta,
         threat_model="ldp",
     )
-    sensitivity = privsgp_vr_sensitivity(gradient_bound, entries=local_samples)
-    step_rdp = sensitivity**2 / (2.0 * sigma**2)
-    accounted = PrivacyBudget(
-        epsilon=compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic"),
-        delta=delta,
-        accountant="gaussian-rdp+classic",
-        neighbouring="replace_one",
-        unit="example",
-        threat_model="ldp",
-        notes=(
-            f"no subsampling amplification (the SAGA mean depends on every sample); "
-            f"sensitivity (4-2/J)G with J={local_samples}; step_rdp={step_rdp:.6g}"
-        ),
+    accounted = privsgp_vr_budget(
+        sigma=sigma, clip=gradient_bound, entries=local_samples, steps=steps, delta=delta
     )
     notes = f"c2={c2} (unspecified in the paper)"
     nominal = nominal_ldp_budget(epsilon, delta, formula="privsgp-thm2", notes=notes)
