@@ -399,3 +399,18 @@ def test_federated_os_key_source_seeds_the_clients_generator_from_the_os(tmp_pat
     shutil.copytree(tmp_path / "p1", tmp_path / "p2")
     r1, r2 = (resume(tmp_path / p, progress=False) for p in ("p1", "p2"))
     assert r1["final"]["loss"] == r2["final"]["loss"]
+
+
+def test_example_level_record_never_exceeds_the_unsampled_user_level_epsilon(tmp_path):
+    """b = 1, tiny noise: the run's example-level epsilon is capped by the unsampled Gaussian's
+    (closed form: slope 2 C^2 / sigma^2, T-fold, classic conversion) and says so."""
+    from privdl.accounting.conversion import compose_convert
+
+    cfg = make_config(
+        dict(algorithm="ldp", task="a9a", graph="ring:4", steps=4, lr=0.1, clip=1.0, sigma=0.05,
+             batch_size=1, eval_every=2, clip_mode="per_sample")
+    )  # fmt: skip
+    final = train(cfg, tmp_path / "r", progress=False)["final"]["privacy"]
+    user = compose_convert(2 * 1.0 / 0.05**2, steps=4, delta=final["delta"])
+    assert final["unit"] == "example" and final["epsilon"] == pytest.approx(user)
+    assert "capped by the unsampled" in final["notes"]

@@ -84,6 +84,7 @@ def spent(
     """``t -> labelled (epsilon, delta)`` after ``t`` steps (``None`` for a non-private run)."""
     from privdl.accounting.budget import PrivacyBudget
     from privdl.accounting.conversion import compose_convert
+    from privdl.accounting.decor import UNSAMPLED_CAP_NOTE, cap_by_unsampled
     from privdl.accounting.dpsgd import event_epsilon
     from privdl.accounting.events import DecorStepEvent
 
@@ -129,6 +130,7 @@ def spent(
                 dataset_size=m,
             )
             eps = event_epsilon(ev.as_gaussian(neighbouring), delta=delta, accountant="rdp")
+        eps, capped = (eps, False) if t == 0 else cap_by_unsampled(eps, rho, steps=t, delta=delta)
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
@@ -136,7 +138,8 @@ def spent(
             neighbouring=neighbouring,
             unit="example",
             threat_model=threat,
-            notes=f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}",
+            notes=f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}"
+            + (UNSAMPLED_CAP_NOTE if capped else ""),
         ).to_dict()
 
     return at_example

@@ -74,6 +74,27 @@ def test_heterogeneous_nodes():
         assert b.unit == "example" and b.accountant == "rdp"
 
 
+def test_wang_bound_log_space_matches_direct_formula_and_never_overflows():
+    """The second-order term log min{4(e^{2r} - 1), 2 e^{2r}} is computed in log space: equal to
+    the direct formula where floats hold it, finite (about alpha * r for large r) beyond."""
+    orders = np.arange(2, 12)
+    g = 0.01
+    for r in (1e-8, 1e-3, 0.3, 2.0, 5.0):
+        direct = []
+        for a in orders:
+            terms = 1 + g * g * math.comb(int(a), 2) * min(
+                4 * math.expm1(2 * r), 2 * math.exp(2 * r)
+            )
+            terms += sum(
+                2 * g**j * math.comb(int(a), j) * math.exp((j - 1) * j * r)
+                for j in range(3, int(a) + 1)
+            )
+            direct.append(math.log(terms) / (a - 1))
+        assert wang_fixed_size_rdp(r, g, orders) == pytest.approx(direct, rel=1e-10)
+    big = wang_fixed_size_rdp(1e4, g, orders)  # e^{2e4} is no float
+    assert np.isfinite(big).all() and (big <= orders * 1e4).all()
+
+
 def test_wang_bound_spec_values_and_dp_accounting():
     """Spec s.8.3 example level: legacy uncomposed 0.00758; composed (T = 1000) about 19.1."""
     import networkx as nx

@@ -77,6 +77,26 @@ class DecorAccount:
         }
 
 
+#: What an example-level record's notes add when :func:`cap_by_unsampled` decided its epsilon.
+UNSAMPLED_CAP_NOTE = "; capped by the unsampled mechanism's classic conversion (tighter here)"
+
+
+def cap_by_unsampled(
+    epsilon: float, step_rdp: float, *, steps: int, delta: float
+) -> tuple[float, bool]:
+    """``min(epsilon, eps_unsampled)`` and whether the cap binds, for example-level accounting.
+
+    Subsampling never hurts: the sampled step is a mixture of unsampled steps on batches that
+    differ in at most one example (per-step sensitivity 2C/b, slope ``step_rdp``), and Renyi
+    divergence is jointly quasi-convex, so the T-fold unsampled mechanism's (eps, delta)
+    (Mironov 2017, Prop. 1 + Prop. 3, at the optimal continuous order) holds as well. At tiny
+    noise that bound is the tighter one: a subsampled accountant's finite order grid cannot
+    reach the optimal order near 1 (example-level epsilon would exceed user-level at b = 1).
+    """
+    unsampled = compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic")
+    return (unsampled, True) if unsampled < epsilon else (epsilon, False)
+
+
 def account_decor(
     graph: nx.Graph,
     *,
@@ -183,6 +203,8 @@ def account_decor(
             eps = event_epsilon(event.as_gaussian(neighbouring), delta=delta, accountant=conversion)
             z = event.noise_multiplier(neighbouring)
             notes = f"equivalent subsampled Gaussian, {sampling} sampling, {neighbouring}"
+            eps, capped = cap_by_unsampled(eps, step.step_rdp, steps=int(steps), delta=delta)
+            notes += UNSAMPLED_CAP_NOTE if capped else ""
         else:
             if sampling != "fixed_size" or neighbouring != "replace_one":
                 raise PrivacyError(
@@ -194,9 +216,11 @@ def account_decor(
                 # general bound exceeds the unsampled Gaussian's, the unsampled one holds, per
                 # integer order and as the continuous-order classic conversion of T steps
                 curve = np.minimum(curve, LEGACY_ORDERS * step.step_rdp)
-                eps = min(
+                eps, _ = cap_by_unsampled(
                     classic_from_curve(LEGACY_ORDERS, steps * curve, delta),
-                    compose_convert(step.step_rdp, steps=int(steps), delta=delta),
+                    step.step_rdp,
+                    steps=int(steps),
+                    delta=delta,
                 )
                 notes = (
                     "Wang et al. 2019 bound (capped by the unsampled Gaussian's), integer orders "

@@ -248,7 +248,10 @@ def wang_fixed_size_rdp(step_rdp: float, sampling_rate: float, orders: np.ndarra
     g = float(sampling_rate)
     out = np.empty(len(orders))
     e2 = 2.0 * step_rdp
-    second = math.log(min(4.0 * math.expm1(e2), 2.0 * math.exp(e2)))
+    # log min{4(e^{e2} - 1), 2 e^{e2}} in log space: e^{e2} overflows a float beyond e2 ~ 709
+    second = (
+        e2 + min(math.log(4.0) + math.log(-math.expm1(-e2)), math.log(2.0)) if e2 > 0 else -math.inf
+    )
     for idx, a in enumerate(np.asarray(orders, dtype=int)):
         if a < 2:
             raise PrivacyError("the Wang et al. bound needs integer orders >= 2")
