@@ -174,3 +174,26 @@ def test_mixing_matrix_takes_a_spec_and_refuses_other_things():
     )
     with pytest.raises(GraphError, match="Topology or a graph spec"):
         mixing_matrix(5)
+
+
+@pytest.mark.parametrize("spec", ["star:9", "path:7", "er:12:0.3:1"])
+def test_push_sum_facts(spec, monkeypatch):
+    """Push-sum's P is column-stochastic, not doubly: no consensus rate p (its contraction bound
+    needs a doubly stochastic W: a made-up p was reported); the spectral gap is 1 - |lambda_2(P)|,
+    the rate at which P^t approaches its limit v 1^T, alike from the dense and the sparse solver."""
+    import privdl.topology.mixing as mixing
+
+    t = parse_graph(spec)
+    w = mixing_matrix(t, "push-sum")
+    assert w.column_stochastic and not w.row_stochastic and w.consensus_rate is None
+    assert w.summary()["consensus_rate"] is None
+    a = w.dense()
+    vals, vecs = np.linalg.eig(a)
+    v = np.real(vecs[:, np.argmax(np.real(vals))])
+    limit = np.outer(v / v.sum(), np.ones(t.n))
+    pt = np.linalg.matrix_power(a, 40)
+    ratio = np.linalg.norm(a @ pt - limit, 2) / np.linalg.norm(pt - limit, 2)
+    assert ratio == pytest.approx(1 - w.spectral_gap, rel=0.02)
+    monkeypatch.setattr(mixing, "DENSE_LIMIT", 2)  # the large-graph (sparse solver) branch
+    sparse = mixing_matrix(t, "push-sum")
+    assert sparse.spectral_gap == pytest.approx(w.spectral_gap, abs=1e-9)

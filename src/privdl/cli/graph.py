@@ -42,4 +42,6 @@ def graph(spec: str, mixing: str, as_json: bool) -> None:
 
 
 def _fmt(v) -> str:
+    if v is None:  # e.g. push-sum's consensus rate: no such p for a W not doubly stochastic
+        return "n/a"
     return f"{v:.6g}" if isinstance(v, float) else str(v)

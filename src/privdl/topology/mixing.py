@@ -73,12 +73,17 @@ class MixingMatrix:
         return bool((self.matrix.data >= -1e-15).all())
 
     @cached_property
-    def consensus_rate(self) -> float:
+    def consensus_rate(self) -> float | None:
         """``p`` with ``1 - p`` the second-largest eigenvalue of ``W W^T`` (DECOR Assumption 5).
 
-        Then ``||XW - Xbar||_F^2 <= (1 - p)||X - Xbar||_F^2`` for doubly stochastic ``W``.
+        Then ``||XW - Xbar||_F^2 <= (1 - p)||X - Xbar||_F^2``. That contraction needs a doubly
+        stochastic ``W`` (the average is kept and ``1`` is ``W W^T``'s top eigenvector): for
+        any other ``W`` (push-sum's column-stochastic ``P``) there is no such ``p`` and this is
+        ``None``; push-sum's ratio consensus contracts at ``|lambda_2(P)|`` (``spectral_gap``).
         """
         m = self.matrix
+        if not self.doubly_stochastic:
+            return None
         if self.n == 1:
             return 1.0
         if self.n <= DENSE_LIMIT:
@@ -91,7 +96,8 @@ class MixingMatrix:
 
     @cached_property
     def spectral_gap(self) -> float:
-        """``1 - |lambda_2(W)|`` for symmetric ``W`` (second-largest eigenvalue modulus)."""
+        """``1 - |lambda_2(W)|``, the second-largest eigenvalue modulus of ``W`` (symmetric or
+        not: for push-sum's ``P`` it is the asymptotic rate of ratio consensus)."""
         if self.n == 1:
             return 1.0
         if self.n <= DENSE_LIMIT:
@@ -101,7 +107,10 @@ class MixingMatrix:
             return float(1.0 - mod[-2])
         import scipy.sparse.linalg as spla
 
-        vals = spla.eigsh(self.matrix.tocsc(), k=2, which="LM", return_eigenvectors=False)
+        if self.symmetric:
+            vals = spla.eigsh(self.matrix.tocsc(), k=2, which="LM", return_eigenvectors=False)
+        else:  # eigsh assumes symmetry; push-sum's P is not symmetric
+            vals = spla.eigs(self.matrix.tocsc(), k=2, which="LM", return_eigenvectors=False)
         return float(1.0 - np.sort(np.abs(vals))[0])
 
     def summary(self) -> dict:
