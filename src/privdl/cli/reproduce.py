@@ -16,7 +16,11 @@ from privdl.errors import ConfigError
 @click.argument("name", required=False)
 @click.option("--list", "list_", is_flag=True, help="List the available reproductions.")
 @click.option("--quick", is_flag=True, help="CI-sized version (fewer steps/seeds).")
-@click.option("--out", type=click.Path(), help="Output directory (default reproductions/NAME).")
+@click.option(
+    "--out",
+    type=click.Path(),
+    help="Output directory (default reproductions/NAME, NAME-quick with --quick).",
+)
 @click.option("--data-dir", help="Where dataset files are looked up first.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option(
