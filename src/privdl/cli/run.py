@@ -138,7 +138,8 @@ def _parse_set(items: tuple[str, ...]) -> dict:
 @click.option(
     "--key-source",
     help="seed (default: noise keys and DECOR's key pairs derived from --seed, a reproducible "
-    "simulation) or os (operating-system randomness; kept only in the checkpoint).",
+    "simulation) or os (operating-system randomness; kept only in the checkpoint, under "
+    "privdl launch in OUT/keys/rank-R.pt).",
 )
 @click.option("--clients", type=int, help="Federated: number of clients (default 20).")
 @click.option(
