@@ -414,3 +414,51 @@ def test_example_level_record_never_exceeds_the_unsampled_user_level_epsilon(tmp
     user = compose_convert(2 * 1.0 / 0.05**2, steps=4, delta=final["delta"])
     assert final["unit"] == "example" and final["epsilon"] == pytest.approx(user)
     assert "capped by the unsampled" in final["notes"]
+
+
+def test_example_level_accounting_uses_the_smallest_node_and_c_over_b(tmp_path):
+    """Unequal partition (Dirichlet): each node samples B of its own m_i records, so the
+    worst-off node (smallest m_i, largest rate) sets the guarantee. Oracle: dp-accounting's RDP
+    of the LDP step written from scratch: Gaussian of std sigma at replace-one sensitivity
+    2C/B, B of m_min drawn without replacement, T steps. Also pins the calibration to target."""
+    import dp_accounting as dpa
+    from dp_accounting import rdp
+
+    from privdl.accounting.dpsgd import RDP_ORDERS
+    from privdl.tasks import build_task
+
+    cfg = make_config(
+        dict(algorithm="ldp", task="a9a", graph="ring:4", steps=20, lr=0.1, clip=1.0,
+             epsilon=3.0, delta=1e-5, batch_size=16, clip_mode="per_sample",
+             partition="dirichlet:5", eval_every=10)
+    )  # fmt: skip
+    counts = build_task(cfg).data.counts
+    assert counts.max() > 1.2 * counts.min()  # a real imbalance
+    summary = train(cfg, tmp_path / "r", progress=False)
+    final, sigma = summary["final"]["privacy"], summary["config"]["sigma"]
+    assert final["unit"] == "example" and 3.0 * 0.999 <= final["epsilon"] <= 3.0
+
+    def oracle(m: int) -> float:
+        acc = rdp.RdpAccountant(
+            orders=RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
+        )
+        z = sigma / (2 * 1.0 / 16)
+        event = dpa.SampledWithoutReplacementDpEvent(m, 16, dpa.GaussianDpEvent(z))
+        acc.compose(dpa.SelfComposedDpEvent(event, 20))
+        return acc.get_epsilon(1e-5)
+
+    assert final["epsilon"] == pytest.approx(oracle(int(counts.min())), rel=1e-9)
+    assert oracle(int(counts.max())) < 0.95 * final["epsilon"]  # the largest node's is lower
+
+
+def test_cdp_step_rdp_is_the_central_gaussian():
+    """CDP (complete graph, W = J): the average of n clipped gradients (one user moves it by at
+    most 2C/n) plus the average of n noises of std sigma (std sigma/sqrt(n)): the replace-one
+    slope is (2C/n)^2 / (2 sigma^2/n) = 2C^2 / (n sigma^2)."""
+    from privdl.privacy import step_rdp
+    from privdl.tasks import build_task
+    from privdl.topology import parse_graph
+
+    cfg = make_config({**LS, "algorithm": "cdp", "graph": "complete:8", "sigma": 0.7})
+    rho = step_rdp(cfg, parse_graph("complete:8"), build_task(cfg), sigma=0.7, sigma_cor=0.0)
+    assert rho == pytest.approx(2 * 1.0**2 / (8 * 0.7**2), rel=1e-12)

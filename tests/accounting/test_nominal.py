@@ -205,3 +205,47 @@ def test_privsgp_vr_sensitivity_is_attained_and_never_exceeded(entries, block):
     assert math.isclose(float(np.linalg.norm(d)), bound, rel_tol=1e-12)
     # the (4 + 2/J) C/B the library used until session 16 is not reached (for J > 1)
     assert entries == 1 or float(np.linalg.norm(d)) < (4 + 2 / entries) * clip / block
+
+
+@pytest.mark.parametrize(("q", "z"), [(0.1, 0.5), (0.05, 0.4), (0.01, 1.1), (0.2, 2.0)])
+def test_fractional_orders_whose_series_does_not_converge_are_dropped(q, z):
+    """A fractional order whose two-sided series has not converged is inf (the order is dropped,
+    as dp-accounting does), never a truncated (too small) sum; finite ones equal dp-accounting's."""
+    import warnings
+
+    import numpy as np
+    from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
+
+    from privdl.accounting.nominal import rdp_poisson_subsampled_gaussian
+
+    orders = [1.25, 1.5, 1.75, 2.5, 3.5, 10.5]
+    ours = rdp_poisson_subsampled_gaussian(q, z, orders)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib = np.array(
+            [dpa_rdp._compute_rdp_poisson_subsampled_gaussian(q, z, [o])[0] for o in orders]
+        )
+    assert np.all(np.isinf(ours[np.isinf(lib)]))  # never finite where the series diverges
+    finite = np.isfinite(ours)
+    assert finite.any() and ours[finite] == pytest.approx(lib[finite], rel=1e-6)
+    if (q, z) == (0.1, 0.5):  # a truncated sum would give 0.150 here
+        assert math.isinf(ours[1])
+
+
+def test_privsgp_vr_accounted_sigma_never_certifies_above_the_target():
+    """Over a grid of (eps, K, J, C, B), the sigma the run calibrates to certifies at most the
+    target epsilon in the run's own records (privsgp_vr_budget): the calibration rounds toward
+    more noise (without its safety factor a few grid points land ulps above)."""
+    from privdl.accounting.nominal import privsgp_accounted_sigma, privsgp_vr_budget
+
+    worst = 0.0
+    for eps in (0.1, 0.2, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 10.0, 30.0):
+        for steps in (1, 10, 17, 100, 500, 1000, 3120, 6000):
+            for entries, block in ((2, 1), (10, 1), (50, 1), (3125, 1), (600, 16), (1200, 16)):
+                for clip in (0.1, 1.0, 3.0, 7.0, 10.0):
+                    kw = dict(clip=clip, steps=steps, delta=1e-5, entries=entries)
+                    sigma = privsgp_accounted_sigma(epsilon=eps, block_size=block, **kw)
+                    got = privsgp_vr_budget(sigma=sigma, block_size=block, **kw).epsilon
+                    assert got <= eps, (eps, steps, entries, block, clip)
+                    worst = max(worst, got / eps)
+    assert worst > 1 - 1e-6  # and tight: the calibration is not merely conservative

@@ -383,3 +383,65 @@ def test_robust_hdp_counts_rpca_solves_that_did_not_converge() -> None:
         warnings.simplefilter("error", RPCANotConvergedWarning)
         converged(inp)
     assert converged.rpca_not_converged == 0
+
+
+def test_rdp_calibration_meets_each_clients_target_with_unequal_sizes() -> None:
+    """calibration="rdp" with client sizes 2x apart: each client's z_i, at its own Poisson rate
+    q_i = b_i / N_i over E_i * rounds steps (Eq. 7), certifies its eps_i by dp-accounting written
+    from scratch (a rate from another client's N, or steps of one round, would miss)."""
+    import dp_accounting as dpa
+    from dp_accounting import rdp
+
+    from privdl.accounting.dpsgd import RDP_ORDERS
+
+    counts, b, eps = [200, 400, 300], (10, 10, 20), (1.0, 1.0, 2.0)
+    cfg = FederatedConfig(
+        batch_sizes=b, lr=0.1, rounds=3, epsilons=eps, clip_norm=0.5, calibration="rdp"
+    )
+    fl, *_ = _trainer(counts, cfg)
+    for i, (n_i, b_i, e_i) in enumerate(zip(counts, b, eps, strict=True)):
+        steps = 3 * math.ceil(n_i / b_i)  # K = 1 local epoch per round
+        acc = rdp.RdpAccountant(orders=RDP_ORDERS)
+        event = dpa.PoissonSampledDpEvent(b_i / n_i, dpa.GaussianDpEvent(fl.noise_multipliers[i]))
+        acc.compose(dpa.SelfComposedDpEvent(event, steps))
+        assert e_i * (1 - 1e-3) <= acc.get_epsilon(cfg.delta) <= e_i
+    assert fl.noise_multipliers[0] != pytest.approx(fl.noise_multipliers[1], rel=1e-3)
+
+
+def test_robust_hdp_reestimation_schedule() -> None:
+    """Algorithm 1 re-estimates every round (``reestimate_every=1``), every k-th round with k,
+    and once with ``None`` (the reference code) unless a client never seen before takes part;
+    then the new client's weight comes from the new estimate, the old clients' from theirs."""
+    from privdl.algorithms.aggregators import AggregationInput, RobustHDP
+
+    g = torch.Generator().manual_seed(0)
+    scales = torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64)
+    updates = torch.randn(400, 4, generator=g, dtype=torch.float64) * scales
+
+    def inp(r: int, clients: list[int]) -> AggregationInput:
+        idx = torch.tensor(clients)
+        return AggregationInput(
+            updates=updates[:, idx],
+            clients=idx,
+            round_index=r,
+            reported_eps=torch.ones(len(clients)),
+            num_samples=torch.full((len(clients),), 10.0),
+        )
+
+    def schedule(agg: RobustHDP, rounds) -> list[bool]:
+        return [bool(agg(inp(r, c)).info["estimated"]) for r, c in rounds]
+
+    same = [(r, [0, 1, 2]) for r in range(5)]
+    assert schedule(RobustHDP(reestimate_every=1), same) == [True] * 5
+    assert schedule(RobustHDP(reestimate_every=2), same) == [True, False, True, False, True]
+    assert schedule(RobustHDP(reestimate_every=None), same) == [True] + [False] * 4
+    frozen = RobustHDP(reestimate_every=None)
+    assert schedule(frozen, [(0, [0, 1, 2]), (1, [0, 3]), (2, [0, 3]), (3, [1, 2])]) == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    res = frozen(inp(4, [0, 1, 2, 3]))
+    assert torch.isfinite(res.weights).all() and set(frozen.sigma2) == {0, 1, 2, 3}
+    assert res.weights[3] < res.weights[0]  # client 3 is the noisiest

@@ -332,3 +332,63 @@ def test_init_for_held_nodes_derives_their_global_keys_and_noise():
         alg.init({"x": _x0()["x"][held]}, seed=3, nodes=[0, 1])
     with pytest.raises(ConfigError, match="noise keys"):  # keys of 3 agents, gradients of 5
         alg.gradients(part, lambda p, t, *, clip: task.oracle(_x0(), t, clip=clip), _comm()[0])
+
+
+class _SpyCompressor:
+    """RandomK that records the generator state of each call (which channel drew the mask)."""
+
+    def __init__(self, k: int) -> None:
+        self.inner, self.states = RandomK(k=k), []
+
+    def __call__(self, x: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        self.states.append(generator.get_state().clone())
+        return self.inner(x, generator=generator)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_step_compresses_v_and_x_on_their_own_channels():
+    """(11) and (13) compress v and x with independent masks: channel "v" then "x" of
+    (seed, t), as ``channel_generator`` rebuilds them (one channel for both would pass every
+    other test: the same masks on both messages)."""
+    task, (comm, _) = Quadratic(), _comm()
+    spy = _SpyCompressor(k=3)
+    alg = porter_dp(step_size=0.05, gamma=0.2, compressor=spy, tau=1.0, sigma_p=0.1)
+    state = alg.init(_x0(), seed=6)
+    for _ in range(3):
+        state, _ = alg.step(state, task.oracle, comm)
+    cpu = torch.device("cpu")
+    expected = [channel_generator(6, ch, t, cpu).get_state() for t in range(3) for ch in ("v", "x")]
+    assert len(spy.states) == 6
+    for got, want in zip(spy.states, expected, strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(expected[0], expected[1])
+
+
+def test_one_agent_porter_gc_is_sgd_on_the_clipped_minibatch_mean():
+    """Option II (PORTER-GC): the minibatch MEAN gradient is clipped, once; no noise. n = 1 with
+    the identity compressor: x <- x - eta Clip_tau(mean_s grad l(x; z_s)); autograd loop oracle."""
+    g = torch.Generator().manual_seed(0)
+    feats = (torch.rand(1, 40, 6, generator=g) < 0.4).to(torch.float64) * 3
+    labels = torch.where(torch.rand(1, 40, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    task = NonconvexLogisticTask(feats, labels, feats[0], labels[0], lam=0.2, batch_size=4, seed=2)
+    comm = LocalCommunicator(MixingMatrix("one", sp.csr_matrix([[1.0]])))
+    tau, eta = 0.3, 0.3
+    alg = porter_gc(step_size=eta, gamma=0.5, compressor=Identity(), tau=tau)
+    assert alg.clip.mode == "batch_mean" and alg.sigma_p == 0
+    state = alg.init(task.init_params(seed=1), seed=9)
+    x = task.init_params(seed=1)["x"][0].clone()
+    for t in range(10):
+        state, _ = alg.step(state, task.oracle, comm)
+        idx = _batch_index(torch.tensor([40]), 4, 2, t)[0]
+        total = torch.zeros_like(x)
+        for s in idx.tolist():  # slow one-sample loop, then one clip of the mean
+            xs = x.clone().requires_grad_(True)
+            loss = torch.log1p(torch.exp(-labels[0, s] * (feats[0, s] @ xs)))
+            loss = loss + 0.2 * (xs**2 / (1 + xs**2)).sum()
+            (gs,) = torch.autograd.grad(loss, xs)
+            total += gs
+        mean = total / 4
+        x = x - eta * tau / (tau + mean.norm()) * mean
+        torch.testing.assert_close(state.params["x"][0], x, rtol=0, atol=1e-12)

@@ -609,3 +609,32 @@ def test_implemented_vr_step_stays_within_the_accounted_sensitivity():
             worst = max(worst, float(dg.norm(dim=1).max()) / bound)
             t2, m2, s1 = n2.table, n2.table_mean, n1
     assert 0.3 < worst <= 1.0 + 1e-9
+
+
+_SLOW = pytest.mark.slow  # dp-accounting's bisections: ~7 s per node
+
+
+@pytest.mark.parametrize(
+    ("mode", "vr"),
+    [
+        ("nominal", True),
+        ("nominal", False),
+        ("accounted", True),
+        pytest.param("accounted", False, marks=_SLOW),
+        pytest.param("poisson_approximation", True, marks=_SLOW),
+        pytest.param("poisson_approximation", False, marks=_SLOW),
+    ],
+)
+def test_noise_plan_per_node_budgets_stay_with_their_node(mode, vr):
+    """Heterogeneous budgets (Theorem 2 allows one per node): node i's sigma is the one a
+    single-node plan gives for (eps_i, delta_i), in order; a larger eps never gets more noise."""
+    common = dict(mode=mode, gradient_bound=1.0, steps=200, local_samples=50, variance_reduction=vr)
+    eps, dels = [1.0, 2.0, 4.0], [1e-5, 1e-4, 1e-6]
+    plan = noise_plan(epsilons=eps, deltas=dels, **common)
+    alone = [
+        noise_plan(epsilons=e, deltas=d, **common).sigmas[0] for e, d in zip(eps, dels, strict=True)
+    ]
+    assert list(plan.sigmas) == pytest.approx(alone, rel=1e-9)
+    assert len(set(np.round(alone, 9))) == 3  # distinct, so a permutation would show
+    same_delta = noise_plan(epsilons=eps, deltas=1e-5, **common).sigmas
+    assert same_delta[0] > same_delta[1] > same_delta[2]

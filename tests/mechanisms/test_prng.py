@@ -218,3 +218,29 @@ def test_cuda_keystream_is_bitwise_openssl_and_normals_agree() -> None:
         keys, counter, 10_001, substream=substream, dtype=torch.float64, device="cuda"
     )  # "auto" is chacha20 on CUDA
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-6)  # float32 libm ulps
+
+
+def test_torch_backend_known_answer_and_whole_key_dependence():
+    """docs/secrets.md's recipe for the "torch" backend, rebuilt from the text: seed = first 8
+    bytes (LE) of SHA-256("privdl/normal-stream/torch-seed/v1" || key || t (8 LE) || s (4 LE)),
+    then torch.randn; and every byte of the key matters (keys differing in the last byte differ)."""
+    import hashlib
+
+    key = bytes(range(32))
+    t, s, size = 7, 3, 257
+    digest = hashlib.sha256(
+        b"privdl/normal-stream/torch-seed/v1"
+        + key
+        + t.to_bytes(8, "little")
+        + s.to_bytes(4, "little")
+    ).digest()
+    want = torch.randn(
+        size, generator=torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")),
+        dtype=torch.float64,
+    )  # fmt: skip
+    got = normal_streams([key], t, size, substream=s, dtype=torch.float64, backend="torch")[0]
+    assert torch.equal(got, want)
+    last = key[:-1] + bytes([key[-1] ^ 1])
+    first = bytes([key[0] ^ 1]) + key[1:]
+    rows = normal_streams([key, last, first], t, size, dtype=torch.float64, backend="torch")
+    assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], rows[2])

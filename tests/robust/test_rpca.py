@@ -146,3 +146,42 @@ def test_shrink_is_bitwise_the_sign_form() -> None:
     x = torch.randn(1000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     for tau in (0.0, 0.3, torch.tensor(0.7, dtype=torch.float64)):
         assert torch.equal(shrink(x, tau), torch.sign(x) * torch.clamp(x.abs() - tau, min=0.0))
+
+
+def _numpy_fixed_mu_pcp(m: np.ndarray, mu: float, lam: float, tol: float, max_iter: int):
+    """Candès et al. (2011) Algorithm 1 (fixed-mu ADMM), written from its equations in numpy."""
+    s, y = np.zeros_like(m), np.zeros_like(m)
+    for it in range(1, max_iter + 1):
+        u, sv, vt = np.linalg.svd(m - s + y / mu, full_matrices=False)
+        low = (u * np.maximum(sv - 1 / mu, 0)) @ vt
+        r = m - low + y / mu
+        s = np.sign(r) * np.maximum(np.abs(r) - lam / mu, 0)
+        z = m - low - s
+        if np.linalg.norm(z) <= tol:
+            return low, s, it
+        y = y + mu * z
+    raise AssertionError("the numpy oracle did not converge")
+
+
+def test_hdpfl_official_preset_is_fixed_mu_admm_with_the_induced_one_norm() -> None:
+    """The reference code's constants: ADMM with fixed mu = n1 n2 / (4 ||M||_1), ||.||_1 the
+    INDUCED norm (largest column sum; numpy's ord=1), absolute tolerance 5e-8: the same L, S and
+    iteration count as an independent numpy solve with those constants, and not those of the
+    entrywise-norm mu (the library's own ADMM default)."""
+    low, sparse = _planted(30, 10, 1, 0.05, seed=3)
+    m = (
+        low
+        + sparse
+        + 0.01
+        * torch.randn(30, 10, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    )
+    res = principal_component_pursuit(m, preset="hdpfl_official")
+    mn = m.numpy()
+    lam = 1 / math.sqrt(30)
+    mu_induced = mn.size / (4 * np.linalg.norm(mn, ord=1))
+    l_ref, s_ref, iters = _numpy_fixed_mu_pcp(mn, mu_induced, lam, 5e-8, 10000)
+    assert res.converged and res.iterations == iters
+    np.testing.assert_allclose(res.low_rank.numpy(), l_ref, atol=1e-9)
+    np.testing.assert_allclose(res.sparse.numpy(), s_ref, atol=1e-9)
+    mu_entrywise = mn.size / (4 * np.abs(mn).sum())
+    assert _numpy_fixed_mu_pcp(mn, mu_entrywise, lam, 5e-8, 10000)[2] != iters
