@@ -212,3 +212,20 @@ def test_report_says_when_a_runs_keys_came_from_the_seed(tmp_path):
     both = markdown_table(load_runs([tmp_path / "seeded", tmp_path / "os"]))
     assert "derived from the seed" in both and "key_source=seed" in both.split("derived")[0][-400:]
     assert "derived from the seed" not in markdown_table(load_runs([tmp_path / "os"]))
+
+
+def test_nominal_budgets_keep_their_label_and_tables_keep_their_shape(tmp_path):
+    """A paper formula's (eps, delta) is printed NOMINAL in the privacy column, single runs and
+    seed groups alike, and every row of a table has the header's number of cells."""
+    nominal = _fake_run(tmp_path / "nom", seed=1, accuracy=0.8, eps=2.0)
+    rows = [line for line in (nominal / "metrics.jsonl").read_text().splitlines()]
+    patched = [line.replace('"nominal": false', '"nominal": true') for line in rows]
+    (nominal / "metrics.jsonl").write_text("\n".join(patched) + "\n")
+    plain = _fake_run(tmp_path / "acc", seed=2, accuracy=0.7, eps=2.0, algorithm="decor")
+    repeats = [_fake_run(tmp_path / f"r{i}", seed=i, accuracy=0.6, eps=1.0) for i in (3, 4)]
+    for group in (False, True):
+        table = markdown_table(load_runs([nominal, plain, *repeats]), group=group)
+        lines = table.splitlines()
+        assert all(line.count("|") == lines[0].count("|") for line in lines)
+        privacy = [_cell(table, r, "privacy") for r in range(len(lines) - 2)]
+        assert sum("NOMINAL" in p for p in privacy) == 1, privacy

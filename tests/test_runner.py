@@ -213,6 +213,12 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"task": "a9a", "ls_dim": 5}, "ls_dim is least-squares"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
         ({"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"}, "adversary applies to decor"),
+        ({"algorithm": "ldp", "sigma": 1.0, "delta": 1.0}, "delta"),
+        ({"algorithm": "ldp", "epsilon": float("inf")}, "epsilon"),
+        ({"algorithm": "ldp", "sigma": float("nan")}, "sigma"),
+        ({"algorithm": "ldp", "sigma": 1.0, "lr": float("inf")}, "lr"),
+        ({"algorithm": "porter-gc", "clip_mode": "per_sample"}, "porter-gc clips the minibatch"),
+        ({"algorithm": "ldp", "sigma": 1.0, "block_size": 4}, "block_size applies"),
     ],
 )
 def test_config_validation(values, msg):
@@ -462,3 +468,45 @@ def test_cdp_step_rdp_is_the_central_gaussian():
     cfg = make_config({**LS, "algorithm": "cdp", "graph": "complete:8", "sigma": 0.7})
     rho = step_rdp(cfg, parse_graph("complete:8"), build_task(cfg), sigma=0.7, sigma_cor=0.0)
     assert rho == pytest.approx(2 * 1.0**2 / (8 * 0.7**2), rel=1e-12)
+
+
+def test_a_run_cut_off_before_its_summary_is_not_overwritten_by_a_fresh_start(tmp_path):
+    """An interrupted run (rows written, no summary.json) is kept: a fresh start is refused
+    and points at --resume, like a finished one."""
+    cfg = make_config({**LS, "algorithm": "dsgd", "clip": None, "clip_mode": "none", "steps": 40})
+    assert train(cfg, tmp_path / "x", progress=False, stop_after=20) == {"stopped_at": 20}
+    assert not (tmp_path / "x" / "summary.json").exists()
+    before = (tmp_path / "x" / "metrics.jsonl").read_bytes()
+    with pytest.raises(PrivdlError, match="--resume"):
+        train(cfg, tmp_path / "x", progress=False)
+    assert (tmp_path / "x" / "metrics.jsonl").read_bytes() == before
+
+
+def test_the_last_step_is_evaluated_and_recorded_off_the_eval_grid(tmp_path):
+    """steps = 7 with eval_every = 5: rows at 0, 5 and the final 7, and the checkpoint at 7."""
+    cfg = make_config({**LS, "algorithm": "dsgd", "clip": None, "clip_mode": "none", "steps": 7,
+                       "eval_every": 5})  # fmt: skip
+    summary = train(cfg, tmp_path / "r", progress=False)
+    records = RunRecords(tmp_path / "r")
+    assert [r["step"] for r in records.rows()] == [0, 5, 7]
+    assert records.load_checkpoint()["t"] == 7 and summary["final"]["step"] == 7
+
+
+def test_step_size_and_consensus_distance_closed_forms():
+    """eta_t = lr / (1 + t / decay); consensus distance (1/n) sum_i ||x_i - xbar||^2 over all
+    leaves, against a Python loop."""
+    from privdl.algorithms.base import StepSize, consensus_distance
+
+    assert [StepSize(0.2, decay=50)(t) for t in (0, 50, 150)] == pytest.approx([0.2, 0.1, 0.05])
+    assert StepSize(0.3)(10_000) == 0.3
+    tree = {"x": torch.tensor([[0.0, 0.0], [2.0, 0.0]]), "y": torch.tensor([[1.0], [3.0]])}
+    assert consensus_distance(tree) == pytest.approx(2.0)
+    g = torch.Generator().manual_seed(0)
+    tree = {"a": torch.randn(5, 3, 2, generator=g, dtype=torch.float64),
+            "b": torch.randn(5, 4, generator=g, dtype=torch.float64)}  # fmt: skip
+    loop = 0.0
+    for v in tree.values():
+        flat = v.reshape(5, -1)
+        mean = sum(flat[i] for i in range(5)) / 5
+        loop += sum(float(((flat[i] - mean) ** 2).sum()) for i in range(5)) / 5
+    assert consensus_distance(tree) == pytest.approx(loop, rel=1e-12)

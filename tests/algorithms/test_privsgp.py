@@ -432,9 +432,12 @@ def test_ring_matching_is_a_pairwise_averaging(n):
     assert np.array_equal(ring_matching(n, 4, seed=3).dense(), ring_matching(n, 4, seed=3).dense())
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_dp2sgd_step_matches_matrix_form(asynchronous):
-    """x^+ = W_k x - gamma (grad f_i(x_i; xi_i) + sigma N_i), checked against dense algebra."""
+@pytest.mark.parametrize(
+    ("asynchronous", "sigmas"), [(False, 0.2), (True, 0.2), (False, (0.1, 0.2, 0.3, 0.4, 0.5, 0.6))]
+)
+def test_dp2sgd_step_matches_matrix_form(asynchronous, sigmas):
+    """x^+ = W_k x - gamma (grad f_i(x_i; xi_i) + sigma_i N_i), checked against dense algebra
+    (one sigma, or one per node: heterogeneous budgets)."""
     from privdl.algorithms.dp2sgd import DP2SGD, ring_matching
     from privdl.algorithms.privsgp import _sample_index
     from privdl.mechanisms.correlated import independent_noise
@@ -446,7 +449,8 @@ def test_dp2sgd_step_matches_matrix_form(asynchronous):
         comm = LocalCommunicator(lambda t: ring_matching(n, t, seed=0), n_nodes=n, dtype=D64)
     else:
         comm = LocalCommunicator(mixing_matrix(ring(n), "decor"), dtype=D64)
-    alg = DP2SGD(StepSize(0.1), sigmas=0.2, asynchronous=asynchronous)
+    alg = DP2SGD(StepSize(0.1), sigmas=sigmas, asynchronous=asynchronous)
+    sig = torch.as_tensor(sigmas, dtype=D64).reshape(-1, 1)
     state = alg.init(x0(n, d, distinct=True), oracle, seed=2)
     for _ in range(3):
         x = state.params["x"]
@@ -455,7 +459,7 @@ def test_dp2sgd_step_matches_matrix_form(asynchronous):
         rows = torch.arange(n)
         a, b = oracle.a[rows, xi], oracle.b[rows, xi]
         g = ((a * x).sum(-1) - b)[:, None] * a
-        g = g + 0.2 * independent_noise(state.noise_keys, state.t, d, sigma=1.0, dtype=D64)
+        g = g + sig * independent_noise(state.noise_keys, state.t, d, sigma=1.0, dtype=D64)
         state, _ = alg.step(state, oracle, comm)
         assert torch.allclose(state.params["x"], w @ x - 0.1 * g, atol=1e-12)
 
@@ -638,3 +642,17 @@ def test_noise_plan_per_node_budgets_stay_with_their_node(mode, vr):
     assert len(set(np.round(alone, 9))) == 3  # distinct, so a permutation would show
     same_delta = noise_plan(epsilons=eps, deltas=1e-5, **common).sigmas
     assert same_delta[0] > same_delta[1] > same_delta[2]
+
+
+def test_ring_matching_keeps_each_pair_with_probability_one_half():
+    """The asynchronous baseline's random matching: each of a step's n/2 disjoint ring pairs
+    (random offset) is kept with probability 1/2 (binomial: 4000 steps x 4 pairs, 4 sd)."""
+    from privdl.algorithms.dp2sgd import ring_matching
+
+    n, steps = 8, 4000
+    kept = 0
+    for t in range(steps):
+        dense = ring_matching(n, t, seed=0).dense()
+        kept += int((np.abs(dense - np.diag(np.diag(dense))) > 0).sum()) // 2
+    frac = kept / (steps * n // 2)
+    assert abs(frac - 0.5) < 4 * math.sqrt(0.25 / (steps * n // 2))

@@ -327,3 +327,18 @@ def test_reproduce_refuses_a_directory_holding_another_reproduction(tmp_path, ca
     assert "holds reproduction 'porter-a9a'" in capsys.readouterr().err
     # the same reproduction again is fine
     assert main(["reproduce", "decor-fig2", "--quick", "--out", str(out)]) == 0
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys, tmp_path):
+    """An interrupted command (Ctrl-C) prints 'aborted' and exits 130, as shells expect; the run
+    directory keeps what was written (resume continues it)."""
+    import privdl.runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(privdl.runner, "train", interrupted)
+    code = main(["run", "dsgd", "--task", "least-squares", "--graph", "ring:4", "--steps", "3",
+                 "--out", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "aborted"

@@ -162,3 +162,16 @@ def test_env_data_dir_without_adult_falls_back_to_embedded(
     (tmp_path / "adult.data").write_text("garbage\n")
     with pytest.raises(DataError, match="SHA-256"):
         A.load_adult()
+
+
+def test_bin_edges_come_from_the_training_file_only(a9a: A.A9a) -> None:
+    """No test data in the features: every quantile column's edges are the training file's
+    (fitting them on train + test moves fnlwgt's), and the test rows use those same edges."""
+    train, test = A.load_adult()
+    for col in A.QUANTILE_COLUMNS:
+        np.testing.assert_array_equal(
+            a9a.bin_upper_edges[col], A.quantile_upper_edges(train.numeric[col])
+        )
+    both = np.concatenate([train.numeric["fnlwgt"], test.numeric["fnlwgt"]])
+    assert not np.array_equal(A.quantile_upper_edges(both), a9a.bin_upper_edges["fnlwgt"])
+    np.testing.assert_array_equal(a9a.x_test, A.encode_a9a(test, a9a.bin_upper_edges))

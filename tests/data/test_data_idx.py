@@ -218,3 +218,20 @@ def test_load_dataset_normalisation_modes(
     assert ds.x_train.shape == (6, 1, 28, 28) and ds.x_train.dtype == torch.float32
     np.testing.assert_allclose(ds.x_train.numpy(), expected, rtol=1e-6, atol=1e-6)
     assert ds.y_train.dtype == torch.int64
+
+
+def test_parse_idx_rejects_trailing_bytes() -> None:
+    """A payload longer than the header's dims is as corrupt as a short one."""
+    good = _idx_bytes(np.zeros((3, 2), dtype=np.uint8))
+    with pytest.raises(DataError, match="payload"):
+        I.parse_idx(good + b"\x00")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("true", True), ("YES", True),
+                                                 (" on ", True), ("0", False), ("", False),
+                                                 ("no", False)])  # fmt: skip
+def test_offline_values(monkeypatch, value, expected) -> None:
+    from privdl.data._files import ENV_OFFLINE, offline
+
+    monkeypatch.setenv(ENV_OFFLINE, value)
+    assert offline() is expected

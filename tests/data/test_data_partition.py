@@ -139,3 +139,20 @@ def test_rng_may_be_an_integer_seed_and_bad_arguments_are_data_errors():
         partition_iid(y, 2.5, rng=0)
     with pytest.raises(DataError, match="rng must be"):
         partition_dirichlet(y, 4, 1.0, rng="seed")
+
+
+def test_partitions_are_random_not_the_sorted_order() -> None:
+    """On sorted labels an unshuffled split gives one class per part: iid parts must mix the
+    classes and differ between seeds; shards are dealt at random, and within a label the order
+    is randomised first (so a shard is not simply the first rows of its class)."""
+    labels = np.repeat(np.arange(10), 100)
+    parts = partition_iid(labels, 10, rng=0)
+    assert min(len(np.unique(labels[p])) for p in parts) >= 5
+    assert not np.array_equal(parts[0], partition_iid(labels, 10, rng=1)[0])
+    first = {tuple(np.unique(labels[partition_shards(labels, 5, 2, rng=s)[0]])) for s in range(10)}
+    assert len(first) > 1
+    zeros = np.zeros(100, dtype=np.int64)
+    blocks = ({*range(50)}, {*range(50, 100)})
+    assert any(
+        set(partition_shards(zeros, 2, 1, rng=s)[0].tolist()) not in blocks for s in range(5)
+    )

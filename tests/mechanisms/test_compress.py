@@ -219,3 +219,14 @@ def test_k_larger_than_P_rejected() -> None:
         RandomK(k=10)(torch.ones(2, 5), generator=torch.Generator())
     with pytest.raises(ConfigError):
         RandomK(k=2)(torch.ones(5), generator=torch.Generator())
+
+
+def test_parse_compressor_fraction_or_count() -> None:
+    """A number with a decimal point is a fraction of P, an integer a count: randk:1.0 keeps
+    everything, randk:1 one coordinate."""
+    from privdl.mechanisms.compress import parse_compressor
+
+    assert parse_compressor("randk:1.0").num_kept(10) == 10
+    assert parse_compressor("randk:1").num_kept(10) == 1
+    assert parse_compressor("topk:0.5").num_kept(10) == 5
+    assert parse_compressor("topk:3").num_kept(10) == 3

@@ -162,3 +162,22 @@ def test_builders_refuse_a_non_integer_size():
     for bad in ("16", 16.0, True):
         with pytest.raises(GraphError, match="must be an integer"):
             ring(bad)
+
+
+@pytest.mark.parametrize("n", [2, 4, 5, 8, 12, 16, 33])
+def test_expo_sgp_variant_hops(n):
+    """The SGP code's hop list: +1, -1, +2, -2, +4, ... modulo n, zero and repeats dropped, up
+    to the largest power of two below n; named and parsed as ``expo:N:sgp``."""
+    from privdl.topology.timevarying import ExponentialGraph
+
+    want: list[int] = []
+    k = 1
+    while k < n:
+        for h in (k % n, (-k) % n):
+            if h and h not in want:
+                want.append(h)
+        k *= 2
+    e = ExponentialGraph(n, "sgp")
+    assert list(e.hops) == want
+    parsed = parse_topology(f"expo:{n}:sgp")
+    assert parsed.variant == "sgp" and list(parsed.hops) == want and parsed.name == f"expo:{n}:sgp"
