@@ -229,3 +229,31 @@ def test_nominal_budgets_keep_their_label_and_tables_keep_their_shape(tmp_path):
         assert all(line.count("|") == lines[0].count("|") for line in lines)
         privacy = [_cell(table, r, "privacy") for r in range(len(lines) - 2)]
         assert sum("NOMINAL" in p for p in privacy) == 1, privacy
+
+
+def test_uneven_repeats_are_plotted_on_their_common_steps_with_a_one_sd_band(tmp_path, monkeypatch):
+    """Repeats cut at different steps are averaged where all have a value (mean and sample std
+    in closed form), and the plot's band is mean +- 1 sample std."""
+    import matplotlib.axes
+
+    from privdl.report import _curve, plot_runs
+
+    a = _fake_run(tmp_path / "a", seed=1, accuracy=0.8, eps=1.0)
+    b = _fake_run(tmp_path / "b", seed=2, accuracy=0.6, eps=1.0)
+    kept = (b / "metrics.jsonl").read_text().splitlines()[:2]  # steps 0 and 10 only
+    (b / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    runs = load_runs([a, b])
+    steps, mean, std = _curve(runs, "accuracy")
+    assert steps == [0, 10]
+    assert mean == pytest.approx([0.5, (0.65 + 0.55) / 2])
+    assert std == pytest.approx([0.0, np.std([0.65, 0.55], ddof=1)])
+    bands = []
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "fill_between", lambda self, x, lo, hi, **kw: bands.append((lo, hi))
+    )
+    (tmp_path / "plots").mkdir()
+    plot_runs(runs, tmp_path / "plots")
+    want = (list(np.subtract(mean, std)), list(np.add(mean, std)))  # the accuracy plot's band
+    assert any(
+        len(lo) == 2 and np.allclose(lo, want[0]) and np.allclose(hi, want[1]) for lo, hi in bands
+    )

@@ -245,3 +245,21 @@ def test_build_model_rejects_bad_input():
     m = build_model("linear", in_shape=(3,), n_classes=2)
     with pytest.raises(ConfigError):
         m.init(n_nodes=0, generator=torch.Generator())
+
+
+@pytest.mark.parametrize(("cin", "cout", "k"), [(3, 64, 5), (1, 32, 3)])
+def test_conv_and_linear_init_is_torchs_default_bound(cin, cout, k):
+    """Uniform on +-1/sqrt(fan_in), fan_in = in_channels k^2 (torch's nn.Conv2d default): never
+    beyond it, and reached to within 3% (thousands of draws)."""
+    from privdl.models.base import Conv2d
+
+    params = Conv2d(cin, cout, kernel_size=k).init(
+        torch.Generator().manual_seed(0), torch.float64, torch.device("cpu")
+    )
+    bound = 1 / math.sqrt(cin * k * k)
+    w = params["weight"]
+    assert w.shape == (cout, cin, k, k)
+    assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.97 * bound
+    assert float(params["bias"].abs().max()) <= bound
+    ref = nn.Conv2d(cin, cout, k)  # the same bound, as torch sets it
+    assert float(ref.weight.abs().max()) <= bound + 1e-7
