@@ -155,6 +155,24 @@ def test_communicator_and_algorithms_match_simulator(tmp_path, world, run_ranks)
             chunks = {payload[i : i + 32] for i in range(0, len(payload), 32)}
             assert chunks <= public
             assert not any(s in payload for s in secrets)
+        # delivery sets: rank r sends rank q exactly the keys of r's nodes with a neighbour on
+        # q, in increasing node order, and receives exactly q's nodes with a neighbour on r
+        shards = [set(sh) for sh in shard_ranges(n, world)]
+        adj = {i: set() for i in range(n)}
+        for u, v in edges.tolist():
+            adj[u].add(v), adj[v].add(u)
+
+        def keys(src, dst, public=res["public"], adj=adj):
+            return b"".join(public[i] for i in sorted(src) if adj[i] & dst)
+
+        expect = {}
+        for q in set(range(world)) - {rank}:
+            expect["send", rank, q] = keys(shards[rank], shards[q])
+            expect["recv", q, rank] = keys(shards[q], shards[rank])
+        expect = {k: v for k, v in expect.items() if v}
+        assert expect  # the graph crosses every shard boundary somewhere
+        got = {(d, a, b): payload for d, a, b, payload in res["carried"]}
+        assert len(got) == len(res["carried"]) and got == expect
 
 
 def test_shard_oracle_rows_equal_full_oracle():

@@ -316,3 +316,31 @@ def test_falsified_checks_pass_on_the_papers_pattern_and_fail_otherwise() -> Non
         "WeiAvg aggregate noise larger at the largest eps' than at the smallest",
         "WeiAvg loses >= 1 accuracy points at the largest eps'",
     }
+
+
+def test_fedavg_runs_once_for_every_dist(tmp_path, monkeypatch) -> None:
+    """Non-private FedAvg ignores the Dist's budgets: one cell (named by its lr) serves every
+    Dist, and training it under two Dists' budgets gives the same numbers."""
+    import privdl.experiments.robust_hdp as rh
+
+    real, calls = rh.train_and_evaluate, []
+
+    def counting(**kw):
+        calls.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(rh, "train_and_evaluate", counting)
+    rep = get("robust-hdp-cifar10")
+    opts = dict(quick=True, device="cpu")
+    s = rep.run(
+        tmp_path, **opts, overrides={"methods": "fedavg", "dists": "Dist1,Dist2", "rounds": "1"}
+    )
+    assert len(calls) == 1
+    assert s["results"]["fedavg"]["Dist1"] == s["results"]["fedavg"]["Dist2"]
+    assert [p.name for p in (tmp_path / "cells").glob("*.json")] == ["fedavg_lr0.002_seed1.json"]
+    # the sharing is sound: a fresh run under Dist2's budgets is the same, bit for bit
+    kw = dict(calls[0], eps=list(rh.EPS_LISTS_20["Dist2"][: len(calls[0]["eps"])]))
+    assert kw["eps"] != calls[0]["eps"]
+    kw.pop("checkpoint"), kw.pop("key")
+    again, shared = real(**kw), s["results"]["fedavg"]["Dist1"]
+    assert again == {k: shared[k] for k in again}

@@ -150,6 +150,19 @@ def test_transport_carries_only_public_keys() -> None:
         assert private not in wire
 
 
+def test_transport_delivers_each_node_exactly_its_neighbours_keys() -> None:
+    transport = LocalKeyTransport(RING, 16)
+    secrets = agree_edge_secrets(RING, 16, transport=transport, seed=4, session_id="sets")
+    delivered: dict[int, dict[int, bytes]] = {}
+    for kind, src, dst, payload in transport.carried:
+        if kind == "deliver":
+            assert src not in delivered.setdefault(dst, {})  # once per (neighbour, node)
+            delivered[dst][src] = payload
+    for i in range(16):  # on ring:16, node i's neighbours are i - 1 and i + 1 (mod 16)
+        expected = {j % 16: secrets.public_keys[j % 16] for j in (i - 1, i + 1)}
+        assert delivered[i] == expected
+
+
 def test_repr_and_pickle_never_reveal_secrets(tmp_path) -> None:
     secrets = agree_edge_secrets(RING, 16, seed=9)
     text = repr(secrets) + str(secrets)

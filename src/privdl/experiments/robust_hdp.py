@@ -488,6 +488,15 @@ def _write_table(
     return write_outputs(out_dir, report_md=report, summary=summary)
 
 
+def _cell_name(method: str, dist: str, lr: float, seed: int) -> str:
+    """The cell a (method, dist, seed) result is stored under. Non-private FedAvg never reads
+    the Dist's budgets (its run depends on the data, the model, the lr and the seed only), so
+    its cell is named by its lr and one run serves every Dist with that lr."""
+    if method == "fedavg":
+        return f"fedavg_lr{lr:g}_seed{seed}"
+    return f"{method}_{dist}_seed{seed}"
+
+
 def _accuracy_table(preset_name: str):
     def run(
         out_dir: Path,
@@ -534,9 +543,10 @@ def _accuracy_table(preset_name: str):
             eps = list(EPS_LISTS_20[dist][:n])
             for method in methods:
                 t0 = time.perf_counter()
+                lr = pre["lr"][method][d]
                 runs = [
                     store.run(
-                        f"{method}_{dist}_seed{s}",
+                        _cell_name(method, dist, lr, s),
                         {
                             "preset": preset_name,
                             "quick": quick,
@@ -554,7 +564,7 @@ def _accuracy_table(preset_name: str):
                         eps=eps,
                         reported=None,
                         batch_sizes=b,
-                        lr=pre["lr"][method][d],
+                        lr=lr,
                         rounds=rounds,
                         seed=s,
                         rpca=rpca,
