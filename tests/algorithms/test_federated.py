@@ -162,7 +162,12 @@ def test_robust_hdp_ignores_reported_eps_weiavg_does_not() -> None:
 
 def test_partial_participation_and_budgets() -> None:
     cfg = FederatedConfig(
-        batch_sizes=(8,) * 5, lr=0.05, rounds=4, epsilons=(1.0,) * 5, clients_per_round=2
+        batch_sizes=(8,) * 5,
+        lr=0.05,
+        rounds=4,
+        epsilons=(1.0,) * 5,
+        clients_per_round=2,
+        calibration="reference",
     )
     fl, _m, params, *_ = _trainer([40] * 5, cfg, "weiavg")
     state = fl.init(params, seed=0)
@@ -445,3 +450,16 @@ def test_robust_hdp_reestimation_schedule() -> None:
     res = frozen(inp(4, [0, 1, 2, 3]))
     assert torch.isfinite(res.weights).all() and set(frozen.sigma2) == {0, 1, 2, 3}
     assert res.weights[3] < res.weights[0]  # client 3 is the noisiest
+
+
+def test_default_calibration_is_the_accounted_one() -> None:
+    """The API's default delivers the targets as accounted (dp-accounting certifies eps_i over
+    all rounds, nothing nominal); the reference code's accountant is opt-in and nominal."""
+    kw = dict(batch_sizes=(8, 8, 16), lr=0.1, rounds=3, epsilons=(0.5, 2.0, 4.0))
+    default = _trainer([40, 60, 80], FederatedConfig(**kw))[0]
+    reference = _trainer([40, 60, 80], FederatedConfig(**kw, calibration="reference"))[0]
+    for mine, ref, eps in zip(default.client_budgets(), reference.client_budgets(), kw["epsilons"]):
+        assert mine["nominal"] is None and ref["nominal"]["nominal"]
+        assert eps * 0.97 <= mine["accounted"]["epsilon"] <= eps  # calibrated to the target
+        assert mine["accounted"]["epsilon"] > ref["accounted"]["epsilon"]  # less noise, same eps
+    assert np.all(default.noise_multipliers < reference.noise_multipliers)

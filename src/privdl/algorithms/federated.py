@@ -80,11 +80,11 @@ class FederatedConfig:
     the server is told (default: the true ones; spec §6 falsification). ``sampling="full"`` uses
     every local sample once per step (``b_i = N_i``; for oracles); ``"poisson"`` is DP-SGD's.
 
-    ``calibration`` chooses how ``z_i`` is found for ``eps_i``: ``"reference"`` is the Robust-HDP
-    code's accountant (classic RDP conversion, its bisection, ``z_decimals`` rounding; the paper's
-    setting, so the reproductions use it), ``"rdp"`` the smallest ``z_i`` that dp-accounting's RDP
-    accountant certifies for ``eps_i`` over all ``E`` rounds (less noise for the same guarantee;
-    what ``privdl run`` uses).
+    ``calibration`` chooses how ``z_i`` is found for ``eps_i``: ``"rdp"`` (the default) is the
+    smallest ``z_i`` that dp-accounting's RDP accountant certifies for ``eps_i`` over all ``E``
+    rounds (what ``privdl run`` uses); ``"reference"`` is the Robust-HDP code's accountant
+    (classic RDP conversion, its bisection, ``z_decimals`` rounding), whose ``eps_i`` is
+    NOMINAL (``nominal:robust-hdp-code``): the paper's setting, so the reproductions ask for it.
     """
 
     batch_sizes: tuple[int, ...]
@@ -99,7 +99,7 @@ class FederatedConfig:
     sampling: Literal["poisson", "full"] = "poisson"
     z_decimals: int | None = 2
     loss: str = "cross_entropy"
-    calibration: Literal["reference", "rdp"] = "reference"
+    calibration: Literal["reference", "rdp"] = "rdp"
 
     def __post_init__(self) -> None:
         n = len(self.batch_sizes)

@@ -287,6 +287,7 @@ def train_and_evaluate(
         rounds=rounds,
         epsilons=tuple(eps) if private else None,
         reported_epsilons=tuple(reported) if private and reported else None,
+        calibration="reference",  # the paper's setting: its eps_i are nominal (report says so)
     )
     opts = {"reestimate_every": None, **rpca} if method == "robust-hdp" else {}
     train, test = _on_device(train, dev), _on_device(test, dev)
