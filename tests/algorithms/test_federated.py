@@ -458,7 +458,8 @@ def test_default_calibration_is_the_accounted_one() -> None:
     kw = dict(batch_sizes=(8, 8, 16), lr=0.1, rounds=3, epsilons=(0.5, 2.0, 4.0))
     default = _trainer([40, 60, 80], FederatedConfig(**kw))[0]
     reference = _trainer([40, 60, 80], FederatedConfig(**kw, calibration="reference"))[0]
-    for mine, ref, eps in zip(default.client_budgets(), reference.client_budgets(), kw["epsilons"]):
+    pairs = zip(default.client_budgets(), reference.client_budgets(), strict=True)
+    for (mine, ref), eps in zip(pairs, kw["epsilons"], strict=True):
         assert mine["nominal"] is None and ref["nominal"]["nominal"]
         assert eps * 0.97 <= mine["accounted"]["epsilon"] <= eps  # calibrated to the target
         assert mine["accounted"]["epsilon"] > ref["accounted"]["epsilon"]  # less noise, same eps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -157,6 +158,15 @@ def test_the_sweeps_report_the_budget_they_were_given(tmp_path, shared_datasets)
     rho = sens**2 / (2 * run["sigma_certified"] ** 2)
     assert rho == pytest.approx(step_rdp_for_epsilon(2.0, steps=run["K"], delta=1e-3), rel=1e-8)
     assert run["sigma_certified"] > run["sigma_poisson_approximation"] > run["sigma"]
+    # and what the run's own (nominal) sigma certifies: K Gaussian steps composed, classic
+    # conversion, closed form over continuous orders: K rho + 2 sqrt(K rho log(1/delta))
+    spent = run["accounted"]
+    k_rho = run["K"] * sens**2 / (2 * run["sigma"] ** 2)
+    closed = k_rho + 2 * math.sqrt(k_rho * math.log(1 / 1e-3))
+    assert closed * (1 - 1e-9) <= spent["epsilon"] <= closed * 1.01 and spent["epsilon"] > 2.0
+    assert (spent["delta"], spent["nominal"], spent["unit"]) == (1e-3, False, "example")
+    assert spent["neighbouring"] == "replace_one" and spent["threat_model"] == "ldp"
+    assert f"{spent['epsilon']:.4g}" in report and "eps accounted (run's sigma)" in report
 
 
 @pytest.mark.parametrize(
