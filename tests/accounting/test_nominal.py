@@ -249,3 +249,28 @@ def test_privsgp_vr_accounted_sigma_never_certifies_above_the_target():
                     assert got <= eps, (eps, steps, entries, block, clip)
                     worst = max(worst, got / eps)
     assert worst > 1 - 1e-6  # and tight: the calibration is not merely conservative
+
+
+def test_plans_side_figures_carry_their_labels():
+    """Every epsilon in a plan's values is also given as a labelled budget: relation, unit,
+    threat model, and NOMINAL where no accountant certifies it for the mechanism."""
+    from privdl.accounting import dpsgd_budget
+
+    plan = privsgp_plan(gradient_bound=1.0, steps=100, local_samples=500, epsilon=1.0, delta=1e-5)
+    sgp = plan.comparisons["poisson_approximation"]
+    z = plan.values["sigma"] / 3.0  # sensitivity 3G, G = 1
+    oracle = dpsgd_budget(noise_multiplier=z, sampling_rate=1 / 500, steps=100, delta=1e-5)
+    assert sgp.epsilon == pytest.approx(oracle.epsilon, rel=1e-12)
+    assert sgp.nominal and (sgp.neighbouring, sgp.unit, sgp.threat_model) == (
+        "add_remove", "example", "ldp",
+    )  # fmt: skip
+    por = porter_plan(tau=1, steps=1000, delta=1e-3, local_samples=3256, epsilon=0.1)
+    side = por.comparisons["add_remove_poisson"]
+    assert side.epsilon == por.values["epsilon_add_remove_poisson"] and not side.nominal
+    assert (side.neighbouring, side.threat_model) == ("add_remove", "ldp")
+    assert "not its guarantee" in side.notes
+    rh = robust_hdp_plan(epsilon=2.81, delta=1e-4, batch_size=32, dataset_size=2400)
+    code = rh.comparisons["code_orders"]
+    assert code.epsilon == rh.values["epsilon_code_orders"] and code.nominal
+    assert code.accountant == "nominal:robust-hdp-code" and code.threat_model == "server"
+    assert set(por.to_dict()["comparisons"]["add_remove_poisson"]) >= {"epsilon", "threat_model"}

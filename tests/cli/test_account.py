@@ -359,3 +359,23 @@ def test_degenerate_accounting_input_is_one_line_not_a_crash_or_a_hang(capsys, a
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and err.count("\n") == 0 and msg in err, err
+
+
+def test_dpsgd_commands_label_their_epsilon_with_the_threat_model_asked(capsys):
+    base = ["--delta", "1e-5", "--sampling-rate", "0.01", "--steps", "100"]
+    cal = ["calibrate", "dpsgd", "--epsilon", "2", *base]
+    server, ldp = (
+        run_json(capsys, [*cal, "--json"]),
+        run_json(capsys, [*cal, "--threat-model", "ldp", "--json"]),
+    )
+    assert server["noise_multiplier"] == ldp["noise_multiplier"]  # the label, not the arithmetic
+    assert server["budget"]["threat_model"] == "server" and ldp["budget"]["threat_model"] == "ldp"
+    assert ldp["label"].endswith("rdp, ldp, example-level, add_remove")
+    assert main([*cal, "--threat-model", "ldp"]) == 0  # the text table carries the label too
+    text = capsys.readouterr().out
+    assert "ldp, example-level, add_remove" in text and "label" in text
+    acc = ["account", "dpsgd", "--noise-multiplier", str(ldp["noise_multiplier"]), *base]
+    out = run_json(capsys, [*acc, "--threat-model", "central", "--json"])
+    assert out["threat_model"] == "central" and out["epsilon"] == pytest.approx(
+        ldp["epsilon_achieved"], rel=1e-12
+    )

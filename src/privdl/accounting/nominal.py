@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,9 @@ class NominalPlan:
     nominal: PrivacyBudget
     accounted: PrivacyBudget | None = None
     warnings: list[str] = field(default_factory=list)
+    #: Side figures an epsilon of ``values`` stands for, each with its full label (e.g. the
+    #: paper-style Poisson approximation, the reference code's own accountant).
+    comparisons: dict[str, PrivacyBudget] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``epsilon_nominal`` and ``epsilon_accounted``."""
@@ -52,6 +55,7 @@ class NominalPlan:
             "epsilon_accounted": None if self.accounted is None else self.accounted.epsilon,
             "nominal": self.nominal.to_dict(),
             "accounted": None if self.accounted is None else self.accounted.to_dict(),
+            "comparisons": {k: b.to_dict() for k, b in self.comparisons.items()},
             "warnings": list(self.warnings),
         }
 
@@ -267,7 +271,16 @@ def privsgp_plan(
         "c2": c2,
         "epsilon_poisson_approximation": approx.epsilon,
     }
-    return NominalPlan("privsgp-thm2", values, nominal, accounted)
+    poisson = replace(
+        approx,
+        accountant="rdp:poisson-approximation",
+        nominal=True,
+        notes=f"{approx.notes}; sensitivity 3G, rate 1/J: an approximation no theorem certifies "
+        "(the SAGA mean touches every sample)",
+    )
+    return NominalPlan(
+        "privsgp-thm2", values, nominal, accounted, comparisons={"poisson_approximation": poisson}
+    )
 
 
 # --------------------------------------------------------------------------- PORTER
@@ -367,12 +380,25 @@ def porter_plan(
         threat_model="ldp",
     )
     values["noise_multiplier_replace_one"] = z / 2.0
-    values["epsilon_add_remove_poisson"] = dpsgd_budget(
+    poisson = dpsgd_budget(
         noise_multiplier=z, sampling_rate=q, steps=int(steps), delta=delta, threat_model="ldp"
-    ).epsilon
+    )
+    poisson = replace(
+        poisson,
+        notes=f"{poisson.notes}; Poisson sampling and add/remove, which PORTER-DP (b = 1 of m "
+        "without replacement, replace-one) does not use: a comparison, not its guarantee",
+    )
+    values["epsilon_add_remove_poisson"] = poisson.epsilon
     notes = f"c={c}; proof's leading constant is 2"
     nominal = nominal_ldp_budget(epsilon, delta, formula="porter-thm1", notes=notes)
-    return NominalPlan("porter-thm1", values, nominal, accounted, warns)
+    return NominalPlan(
+        "porter-thm1",
+        values,
+        nominal,
+        accounted,
+        warns,
+        comparisons={"add_remove_poisson": poisson},
+    )
 
 
 # --------------------------------------------------------------------------- Robust-HDP
@@ -615,9 +641,16 @@ def robust_hdp_plan(
         nominal=True,
         notes=f"z rounded to {round_to} decimals",
     )
+    code = replace(
+        nominal,
+        epsilon=code_eps,
+        notes=f"the reference code's accountant at the rounded z={z:g} (its orders, classic "
+        "conversion)",
+    )
     return NominalPlan(
         "robust-hdp-z",
         {"noise_multiplier": z, "epsilon_code_orders": code_eps, "steps": steps},
         nominal,
         accounted,
+        comparisons={"code_orders": code},
     )

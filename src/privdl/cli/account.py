@@ -22,6 +22,20 @@ def _graph(spec: str) -> Any:
     return parse_graph(spec).graph
 
 
+#: Who the DP-SGD mechanism is private against: it only names the label (the arithmetic is
+#: the same); "server" for one trainer's records seen by whoever receives the model/updates,
+#: "ldp" for a node whose every message is public (LDP, PORTER, PrivSGP), "central" for a
+#: trusted aggregator's output.
+_THREAT_MODEL = click.option(
+    "--threat-model",
+    type=click.Choice(["server", "ldp", "central"]),
+    default="server",
+    show_default=True,
+    help="Threat model written in the label (server: the receiver of the model or updates; "
+    "ldp: every message a node sends is public; central: a trusted aggregator's output).",
+)
+
+
 def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
     if as_json:
         click.echo(json.dumps(obj, default=_json_default, allow_nan=True))
@@ -49,6 +63,11 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
 
             b = PrivacyBudget(**obj[key])
             table.add_row(f"{key} (label)", b.label() + (f"; {b.notes}" if b.notes else ""))
+    for key, raw in (obj.get("comparisons") or {}).items():  # a plan's side figures, labelled
+        from privdl.accounting.budget import PrivacyBudget
+
+        b = PrivacyBudget(**raw)
+        table.add_row(f"{key} (label)", b.label() + (f"; {b.notes}" if b.notes else ""))
     Console().print(table)
 
 
@@ -193,6 +212,7 @@ def account_decor_cmd(
     default=None,
     help="Needed for fixed_size sampling.",
 )
+@_THREAT_MODEL
 @click.option("--json", "as_json", is_flag=True)
 def account_dpsgd_cmd(
     noise_multiplier: float,
@@ -203,6 +223,7 @@ def account_dpsgd_cmd(
     sampling: str,
     neighbouring: str,
     dataset_size: int | None,
+    threat_model: str,
     as_json: bool,
 ) -> None:
     """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian (dp-accounting)."""
@@ -217,6 +238,7 @@ def account_dpsgd_cmd(
         sampling=sampling,
         neighbouring=neighbouring,
         dataset_size=dataset_size,
+        threat_model=threat_model,
     )
     out = {
         **budget.to_dict(),
@@ -311,9 +333,16 @@ def calibrate_decor_cmd(
 @click.option("--sampling-rate", type=float, required=True)
 @click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@_THREAT_MODEL
 @click.option("--json", "as_json", is_flag=True)
 def calibrate_dpsgd_cmd(
-    epsilon: float, delta: float, sampling_rate: float, steps: int, accountant: str, as_json: bool
+    epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str,
+    threat_model: str,
+    as_json: bool,
 ) -> None:
     """Smallest noise multiplier for a target epsilon (Poisson, add/remove)."""
     from privdl.accounting import calibrate_noise_multiplier, dpsgd_budget
@@ -331,6 +360,7 @@ def calibrate_dpsgd_cmd(
         steps=steps,
         delta=delta,
         accountant=accountant,
+        threat_model=threat_model,
     )
     out = {
         "noise_multiplier": z,
@@ -338,6 +368,7 @@ def calibrate_dpsgd_cmd(
         "epsilon_achieved": budget.epsilon,
         "delta": delta,
         "accountant": accountant,
+        "label": budget.label(),
         "budget": budget.to_dict(),
     }
     _emit(out, as_json, "DP-SGD calibration")
