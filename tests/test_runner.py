@@ -275,10 +275,11 @@ def test_a_diverging_run_stops_with_a_clear_error_and_says_so_in_its_records(tmp
 def test_progress_note_shows_the_epsilon_spent_and_flags_nominal():
     from privdl.runner import _short
 
-    row = {"loss": 0.5, "accuracy": 0.75, "privacy": {"epsilon": 1.23456, "nominal": False}}
-    assert _short(row) == "loss=0.5 accuracy=0.75 eps=1.23"
+    budget = {"epsilon": 1.23456, "delta": 1e-5, "unit": "example", "threat_model": "ldp"}
+    row = {"loss": 0.5, "accuracy": 0.75, "privacy": {**budget, "nominal": False}}
+    assert _short(row) == "loss=0.5 accuracy=0.75 eps=1.23 (delta=1e-05, example, ldp)"
     row["privacy"]["nominal"] = True
-    assert _short(row).endswith("eps=1.23 (nominal)")
+    assert _short(row).endswith("eps=1.23 NOMINAL (delta=1e-05, example, ldp)")
     assert _short({"loss": 0.5}) == "loss=0.5"
 
 
@@ -510,3 +511,29 @@ def test_step_size_and_consensus_distance_closed_forms():
         mean = sum(flat[i] for i in range(5)) / 5
         loop += sum(float(((flat[i] - mean) ** 2).sum()) for i in range(5)) / 5
     assert consensus_distance(tree) == pytest.approx(loop, rel=1e-12)
+
+
+def test_full_batch_example_level_run_is_labelled_unsampled(tmp_path):
+    """batch = every example of the node: no subsampling amplification, so the label names the
+    plain accountant (not "rdp-subsampled") and the epsilon is the T-fold Gaussian's
+    (dp-accounting, written from scratch, at replace-one sensitivity 2C/B)."""
+    import dp_accounting as dpa
+    from dp_accounting import rdp
+
+    from privdl.accounting.dpsgd import RDP_ORDERS
+    from privdl.tasks import build_task
+
+    probe = make_config(dict(algorithm="ldp", task="a9a", graph="ring:8", steps=2, sigma=0.5))
+    m = int(build_task(probe).data.counts.min())
+    cfg = make_config(
+        dict(algorithm="ldp", task="a9a", graph="ring:8", steps=2, lr=0.1, clip=1.0, sigma=0.5,
+             batch_size=m, eval_every=1, clip_mode="per_sample")
+    )  # fmt: skip
+    final = train(cfg, tmp_path / "r", progress=False)["final"]["privacy"]
+    acc = rdp.RdpAccountant(
+        orders=RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
+    )
+    acc.compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(0.5 / (2 * 1.0 / m)), 2))
+    assert final["epsilon"] == pytest.approx(acc.get_epsilon(final["delta"]), rel=1e-9)
+    assert final["accountant"] == "secrdp+rdp" and "full batch" in final["notes"]
+    assert final["unit"] == "example" and final["neighbouring"] == "replace_one"

@@ -263,3 +263,25 @@ def test_sharded_checkpoint_resumes_in_one_process(tmp_path):
     torch.testing.assert_close(a["params"]["x"], b["params"]["x"], rtol=0, atol=1e-12)
     torch.testing.assert_close(a["state"]["table"], b["state"]["table"], rtol=0, atol=1e-12)
     assert _rows(tmp_path / "dist")[-1]["privacy"] == _rows(tmp_path / "single")[-1]["privacy"]
+
+
+def test_privsgp_one_entry_is_labelled_unsampled(tmp_path):
+    """block_size = the node's samples leaves one table entry (J = 1): every step uses every
+    sample, so the label is the plain "rdp" and the epsilon the T-fold Gaussian's at
+    replace-one sensitivity 2C/B (dp-accounting, written from scratch)."""
+    import dp_accounting as dpa
+
+    from privdl.accounting.dpsgd import RDP_ORDERS
+    from privdl.tasks import build_task
+
+    base = dict(algorithm="privsgp", task="a9a", graph="expo:4", steps=3, lr=0.1, clip=1.0,
+                sigma=0.5, eval_every=3)  # fmt: skip
+    b = int(build_task(make_config(base)).data.counts.min())
+    summary = train({**base, "block_size": b}, tmp_path / "r", progress=False)
+    acc = dpa.rdp.RdpAccountant(
+        orders=RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
+    )  # the huge orders tiny noise needs
+    acc.compose(dpa.GaussianDpEvent(0.5 / (2 * 1.0 / b)), 3)
+    priv = summary["final"]["privacy"]
+    assert priv["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    assert priv["accountant"] == "rdp" and "no subsampling" in priv["notes"]

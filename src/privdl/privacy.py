@@ -131,14 +131,19 @@ def spent(
             )
             eps = event_epsilon(ev.as_gaussian(neighbouring), delta=delta, accountant="rdp")
         eps, capped = (eps, False) if t == 0 else cap_by_unsampled(eps, rho, steps=t, delta=delta)
+        full = rate >= 1.0  # every example in every step: no amplification to label
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
-            accountant="secrdp+rdp-subsampled",
+            accountant="secrdp+rdp" if full else "secrdp+rdp-subsampled",
             neighbouring=neighbouring,
             unit="example",
             threat_model=threat,
-            notes=f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}"
+            notes=(
+                f"full batch (q=1, no subsampling), step_rdp={rho:.6g}"
+                if full
+                else f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}"
+            )
             + (UNSAMPLED_CAP_NOTE if capped else ""),
         ).to_dict()
 
@@ -294,7 +299,11 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
         ).to_dict()
     sens = privsgp_sensitivity(cfg, task)
     rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step
-    notes = f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
+    notes = (
+        f"full batch (J=1 entry of B={b}: no subsampling), step_rdp={rho:.6g}"
+        if j == 1
+        else f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
+    )
 
     def at(t: int) -> dict[str, Any]:
         if t == 0:
@@ -312,7 +321,7 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
-            accountant="rdp-subsampled",
+            accountant="rdp" if j == 1 else "rdp-subsampled",
             neighbouring="replace_one",
             unit="example",
             threat_model="ldp",

@@ -542,5 +542,9 @@ def _short(row: dict[str, Any]) -> str:
             parts.append(f"{key}={row[key]:.4g}")
     priv = row.get("privacy")
     if priv and isinstance(priv.get("epsilon"), float):
-        parts.append(f"eps={priv['epsilon']:.3g}" + (" (nominal)" if priv.get("nominal") else ""))
+        tag = " NOMINAL" if priv.get("nominal") else ""  # the full label is in the records
+        parts.append(
+            f"eps={priv['epsilon']:.3g}{tag} (delta={priv.get('delta', 0):.2g}, "
+            f"{priv.get('unit', '?')}, {priv.get('threat_model', '?')})"
+        )
     return " ".join(parts)

@@ -8,7 +8,12 @@
 * :func:`dpsgd_budget` / :func:`calibrate_noise_multiplier` -- DP-SGD via dp-accounting.
 * ``privsgp_*``, ``porter_*``, ``robust_hdp_*`` -- nominal paper formulas with accounted epsilon.
 
-Every epsilon is returned inside a :class:`PrivacyBudget`.
+The high-level functions above (``account_decor``, ``dpsgd_budget``, ``node_budgets``, the
+plans) return every epsilon inside a :class:`PrivacyBudget` (accountant, delta, neighbouring
+relation, unit, threat model, nominal flag). The building blocks (``event_epsilon``,
+``compose_convert``, ``classic_epsilon``, ``improved_epsilon``, ``gaussian_epsilon``,
+``robust_hdp_epsilon``) return bare floats for the composition above them; label what you
+report from them (``robust_hdp_epsilon`` is the Robust-HDP code's accountant: NOMINAL).
 """
 
 from privdl.accounting.budget import PrivacyBudget

@@ -202,7 +202,11 @@ def account_decor(
         if conversion in ("rdp", "pld"):
             eps = event_epsilon(event.as_gaussian(neighbouring), delta=delta, accountant=conversion)
             z = event.noise_multiplier(neighbouring)
-            notes = f"equivalent subsampled Gaussian, {sampling} sampling, {neighbouring}"
+            notes = (
+                f"equivalent Gaussian, full batch (q=1: no subsampling), {neighbouring}"
+                if event.sampling_rate >= 1.0
+                else f"equivalent subsampled Gaussian, {sampling} sampling, {neighbouring}"
+            )
             eps, capped = cap_by_unsampled(eps, step.step_rdp, steps=int(steps), delta=delta)
             notes += UNSAMPLED_CAP_NOTE if capped else ""
         else:

@@ -273,7 +273,7 @@ def privsgp_plan(
     }
     poisson = replace(
         approx,
-        accountant="rdp:poisson-approximation",
+        accountant="rdp-poisson-approx",
         nominal=True,
         notes=f"{approx.notes}; sensitivity 3G, rate 1/J: an approximation no theorem certifies "
         "(the SAGA mean touches every sample)",
