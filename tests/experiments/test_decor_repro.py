@@ -55,6 +55,25 @@ def test_quick_accountant_reproductions(name, tmp_path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text())["reproduction"] == name
     report = (tmp_path / "report.md").read_text()
     assert "nan" not in report.split("## Checks")[0]  # fig3 --quick had an all-nan column
+    if name == "decor-fig3":  # each curve labelled as `account decor --conversion X` labels it
+        from privdl.accounting import account_decor
+        from privdl.topology import parse_graph
+
+        pre = load_preset("decor-fig3")
+        for conv, label in summary["curve_labels"].items():
+            budget = account_decor(
+                parse_graph(pre["graph"]).graph,
+                sigma_cdp=pre["sigma_cdp"],
+                sigma_cor=0.1,
+                clip=pre["clip"],
+                steps=pre["steps"],
+                delta=pre["delta"],
+                sampling_rate=pre["batch_size"] / pre["dataset_size"],
+                batch_size=pre["batch_size"],
+                conversion=conv,
+            ).budget
+            assert (label["accountant"], label["nominal"]) == (budget.accountant, budget.nominal)
+        assert summary["curve_labels"]["legacy-uncomposed"]["nominal"]
 
 
 @pytest.mark.parametrize("topo", ["complete", "torus", "ring"])
@@ -180,6 +199,9 @@ def test_quick_fig1a(tmp_path) -> None:
     s = get("decor-fig1a").run(tmp_path, quick=True)
     assert all(c["pass"] for c in s["checks"]), [c for c in s["checks"] if not c["pass"]]
     assert (tmp_path / "fig1a.png").is_file()
+    report = (tmp_path / "report.md").read_text()
+    assert "user-level" in report and "NOMINAL" in report
+    assert all(r["privacy"]["threat_model"] == "eavesdropper" for r in s["paper_pairs"])
 
 
 def test_quick_fig1b(tmp_path) -> None:  # in the default run: its noise-free floors broke once
@@ -191,7 +213,14 @@ def test_quick_fig1b(tmp_path) -> None:  # in the default run: its noise-free fl
     floor = {r["algorithm"]: r["floor_gap"] for r in s["results"]}
     assert min(floor.values()) > -1e-6
     assert floor["ldp"] > floor["decor"]
-    assert "noise-free gap" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "noise-free gap" in report
+    # the accounted column's shared labels are written under the table (user level here)
+    priv = s["results"][0]["privacy"]
+    assert priv["unit"] == "user" and priv["delta"] == 1e-5
+    assert f"delta 1e-05, user-level, {priv['neighbouring']}, accountant {priv['accountant']}" in (
+        report
+    )
 
 
 def test_quick_fig1c(tmp_path, shared_datasets) -> None:  # default run: its task probe broke once
@@ -207,6 +236,11 @@ def test_quick_fig1c(tmp_path, shared_datasets) -> None:  # default run: its tas
     legacy = [r for r in s["results"] if r["budget"] == "legacy"]
     # the paper's budgets are far smaller than the correctly composed epsilon of the same run
     assert all(r["epsilon_accounted"] > 10 * r["epsilon"] for r in legacy)
+    priv = legacy[0]["privacy"]
+    assert (
+        priv["unit"] == "example"
+        and f"example-level, {priv['neighbouring']}" in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_accounted_decor_pair_is_the_first_feasible_grid_point(shared_datasets) -> None:

@@ -38,6 +38,24 @@ CAPTION = (
 SHORT_CAPTION = "(eps, 1e-5): DECOR eavesdropper, LDP local, CDP central"
 
 
+def labels_line(rows: Any) -> str:
+    """The labels an 'accounted eps' column shares (its cells add the threat model)."""
+    labels = sorted(
+        {
+            (b["accountant"], b["unit"], b["neighbouring"], b["delta"])
+            for r in rows
+            if (b := r.get("privacy"))
+        }
+    )
+    if not labels:
+        return ""
+    return (
+        "Accounted eps: "
+        + "; ".join(f"delta {d:g}, {u}-level, {n}, accountant {a}" for a, u, n, d in labels)
+        + " (the threat model in brackets)."
+    )
+
+
 def accounted_cell(r: dict[str, Any]) -> str:
     """A row's accounted epsilon with its threat model (rows written before session 16: bare)."""
     threat = (r.get("privacy") or {}).get("threat_model")
@@ -253,6 +271,7 @@ def run_fig1a(
                     sigma_cdp=s,
                     sigma_cor_paper=c,
                     epsilon_paper_pair=acc.epsilon,
+                    privacy=acc.budget.to_dict(),  # the pair's eps with its label
                     epsilon_spec=p["paper"]["epsilon_achieved"][topo][k],
                     sigma_cor_ours=ours.get("sigma_cor"),
                     gap_paper=p["paper"]["gap"][topo][k],
@@ -374,8 +393,13 @@ def run_fig1a(
             "![fig1a](fig1a.png)",
             "## Runs",
             _table(head, rows),
+            labels_line(results.values()),
             "## The paper's (sigma_cdp, sigma_cor) pairs vs ours",
-            "The paper's pairs overshoot their nominal eps (code tolerance 1e-4 absolute per step).",
+            "The paper's pairs overshoot their nominal eps (code tolerance 1e-4 absolute per step): "
+            "'eps target' is the paper's NOMINAL figure for its pair; "
+            + labels_line(paper_rows)
+            .replace("Accounted eps", "the accounted eps of the pair")
+            .replace(" (the threat model in brackets).", ", eavesdropper."),
             _table(
                 [
                     "topology",
@@ -670,6 +694,7 @@ def run_fig1b(
                 ],
                 rows,
             ),
+            labels_line(results.values()),
             "Expected (paper): DECOR closely matches CDP on all topologies and budgets, about an "
             "order of magnitude better than LDP.",
             "*Noise-free gap*: D-SGD on the same graph with the same (lr, C) and no noise (preset "

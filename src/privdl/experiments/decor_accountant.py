@@ -283,6 +283,10 @@ def run_fig3(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict
             "threat_model": "eavesdropper",
             "sampling": "fixed_size",
         },
+        # each curve's accountant, as `privdl account decor --conversion X` labels it
+        "curve_labels": {
+            k: {"accountant": f"secrdp+{k}", "nominal": k == "legacy-uncomposed"} for k in cur
+        },
         "checks": checks,
     }
     return write_outputs(out, report_md=md, summary=summary)

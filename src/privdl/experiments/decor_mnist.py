@@ -26,6 +26,7 @@ from privdl.experiments.decor import (
     _simulate,
     _table,
     accounted_cell,
+    labels_line,
     non_private,
 )
 
@@ -351,6 +352,7 @@ def run_fig1c(
                 ],
                 rows,
             ),
+            labels_line(results.values()),
             "Expected (paper): DECOR matches CDP and beats LDP on every topology and budget; CDP-LDP "
             "gap almost 10 points at the smallest budget; DECOR-ring/torus within 1 point of CDP.",
             "## Checks",
