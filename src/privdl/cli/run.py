@@ -267,8 +267,14 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
             "can rebuild the noise and the batches drawn); --key-source os draws them from the OS"
         )
     if final.get("client_epsilons"):
-        eps = final["client_epsilons"]
-        click.echo(f"clients' epsilons: {', '.join(f'{e:.4g}' for e in eps)}")
+        eps, b = final["client_epsilons"], final.get("privacy") or {}
+        tail = (
+            f" (each client's, delta={b['delta']:.3g}, {b['accountant']}, {b['threat_model']}, "
+            f"{b['unit']}-level, {b['neighbouring']})"
+            if {"delta", "accountant", "threat_model", "unit", "neighbouring"} <= set(b)
+            else ""
+        )
+        click.echo(f"clients' epsilons{tail}: {', '.join(f'{e:.4g}' for e in eps)}")
     cal = summary.get("calibration") or {}
     if cal.get("clients"):
         z = [c["noise_multiplier"] for c in cal["clients"]]
