@@ -30,6 +30,15 @@ def test_demo_runs_four_methods_at_one_budget_and_reports(tmp_path, capsys):
     }
     assert "DECOR (ring:16)" in text and (out / "report.md").exists()
     assert (out / "accuracy.png").stat().st_size > 0
+    # a second demo into the same --out is refused (records are never replaced silently) ...
+    before = (out / "ldp" / "metrics.jsonl").read_bytes()
+    argv = ["demo", "--steps", "4", "--epsilon", "5", "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert (out / "ldp" / "metrics.jsonl").read_bytes() == before
+    # ... unless asked for
+    assert main([*argv, "--overwrite"]) == 0
+    assert json.loads((out / "ldp" / "summary.json").read_text())["config"]["steps"] == 4
 
 
 def test_demo_repeats_over_seeds_on_another_graph(tmp_path, capsys):

@@ -448,10 +448,14 @@ def _resolve_federated(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into a flat mapping (a ``[run]`` table, if present, is used)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; give a .toml file")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} not found")
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (TOML is)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
     if "run" in data and isinstance(data["run"], dict):

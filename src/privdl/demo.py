@@ -52,18 +52,30 @@ def run_demo(
     graph: str = "ring:16",
     seeds: int = 1,
     progress=None,
+    overwrite: bool = False,
 ) -> tuple[str, Path]:
     """Run the four configurations (each over ``seeds`` seeds) into ``out/<name>[/seed-K]`` and
-    write ``out/report.md`` + plots; returns the table (mean ± std over seeds) and the report."""
+    write ``out/report.md`` + plots; returns the table (mean ± std over seeds) and the report.
+    An ``out`` that already holds a demo's records is refused unless ``overwrite`` (records are
+    never replaced silently)."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     out = Path(out)
-    dirs = []
+    plan = []
     for label, values in demo_configs(steps=steps, epsilon=epsilon, graph=graph):
         for seed in range(1, seeds + 1):
             cfg = make_config({**values, "label": label, "seed": seed})
             d = out / cfg.algorithm if seeds == 1 else out / cfg.algorithm / f"seed-{seed}"
-            train(cfg, d, progress=progress, overwrite=True)
-            dirs.append(d)
+            plan.append((cfg, d))
+    held = [d for _, d in plan if d.exists() and any(d.iterdir())]
+    if held and not overwrite:
+        raise ConfigError(
+            f"{out} already holds a demo's records ({held[0]}); pass --overwrite to replace "
+            "them, or choose another --out"
+        )
+    dirs = []
+    for cfg, d in plan:
+        train(cfg, d, progress=progress, overwrite=True)
+        dirs.append(d)
     runs = load_runs(dirs)
     return markdown_table(runs), write_report(runs, out)

@@ -379,3 +379,26 @@ def test_dpsgd_commands_label_their_epsilon_with_the_threat_model_asked(capsys):
     assert out["threat_model"] == "central" and out["epsilon"] == pytest.approx(
         ldp["epsilon_achieved"], rel=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["account", "dpsgd", "--noise-multiplier", "1e300", "--sampling-rate", "0.01", "--steps",
+         "100", "--delta", "1e-5"],
+        ["account", "decor", "--graph", "ring:8", "--steps", "100", "--delta", "1e-5",
+         "--sigma-cor", "1", "--sigma-cdp", "1e-10"],
+        ["plan", "privsgp", "--gradient-bound", "1", "--local-samples", "100", "--delta", "1e-5",
+         "--steps", "10", "--epsilon", "1e300"],
+        ["calibrate", "decor", "--graph", "ring:8", "--delta", "1e-5", "--steps", "10",
+         "--epsilon", "1e-300"],
+    ],
+)  # fmt: skip
+def test_extreme_finite_values_are_one_line_exit_2(capsys, argv):
+    """Values that pass validation but overflow the arithmetic (found by a QA pass): one line
+    on stderr and exit 2, not a traceback; --debug re-raises."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the values given are outside the range") and err.count("\n") == 1
+    with pytest.raises(ArithmeticError if "1e-10" not in argv else Exception):
+        main([*argv, "--debug"])

@@ -342,3 +342,31 @@ def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys, tmp_path):
                  "--out", str(tmp_path / "r")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 130 and err.strip() == "aborted"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", None])
+def test_unreadable_config_file_is_one_line(tmp_path, capsys, content):
+    """A non-UTF-8 file and a directory given as --config (found by a QA pass)."""
+    path = tmp_path / "cfg.toml"
+    path.write_bytes(content) if content is not None else path.mkdir()
+    assert main(["run", "dsgd", "--config", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("not UTF-8" in err or "is a directory" in err)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--master-port", "70000"], "--master-port must be in 0..65535"),
+     (["--timeout", "nan"], "--timeout must be a positive number"),
+     (["--device", "cuda"], "CUDA is not available")],
+)  # fmt: skip
+def test_launch_checks_its_flags_before_starting_ranks(tmp_path, capsys, flags, message):
+    import torch
+
+    if flags[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    argv = ["launch", "dsgd", "--task", "least-squares", "--graph", "ring:2", "--steps", "2"]
+    assert main([*argv, *flags, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -156,8 +156,10 @@ def _launch(
     master_port, timeout, **flags,
 ) -> None:  # fmt: skip
     """Train ALGORITHM on --nproc local processes (or as one rank under torchrun)."""
-    if timeout <= 0:
-        raise ConfigError(f"--timeout must be positive, got {timeout}")
+    if not timeout > 0 or timeout == float("inf"):  # nan too
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {timeout}")
+    if not 0 <= master_port <= 65535:
+        raise ConfigError(f"--master-port must be in 0..65535 (0: a free one), got {master_port}")
     if flags.pop("seeds", None):
         raise ConfigError(
             "privdl launch runs one seed (--seed); repeat over seeds with privdl run --seeds, or "
@@ -188,6 +190,11 @@ def _launch(
         return
     from privdl.distributed_runner import cfg_nodes
 
+    if str(cfg.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda requested but CUDA is not available on this machine")
     n = cfg_nodes(cfg)
     if nproc > n:
         what = "clients" if cfg.algorithm in FEDERATED else f"nodes of graph {cfg.graph!r}"

@@ -69,6 +69,21 @@ def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwarg
 _default_showwarning = warnings.showwarning
 
 
+def _out_of_range() -> tuple[type[BaseException], ...]:
+    import numpy as np
+
+    return (
+        OverflowError,
+        ZeroDivisionError,
+        FloatingPointError,
+        MemoryError,
+        np.linalg.LinAlgError,
+    )
+
+
+_OUT_OF_RANGE = _out_of_range()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
     tune_allocator()  # step-sized tensors are reused, not faulted in anew every step
@@ -86,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         click.echo(f"error: {exc}", err=True)
+        return 2
+    except _OUT_OF_RANGE as exc:  # finite but extreme values that passed validation
+        if debug:
+            raise
+        click.echo(
+            f"error: the values given are outside the range privdl can compute with "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}); "
+            "use less extreme values (--debug shows where it failed)",
+            err=True,
+        )
         return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

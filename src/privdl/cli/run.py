@@ -305,12 +305,21 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
     "--seeds", type=int, default=1, show_default=True, help="Repeat each method over seeds 1..K."
 )
 @click.option("--progress/--no-progress", default=None)
-def demo(out: str, steps: int, epsilon: float, graph: str, seeds: int, progress) -> None:
+@click.option("--overwrite", is_flag=True, help="Replace the records of an earlier demo in --out.")
+def demo(
+    out: str, steps: int, epsilon: float, graph: str, seeds: int, progress, overwrite: bool
+) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""
     from privdl.demo import run_demo
 
     table, report = run_demo(
-        Path(out), steps=steps, epsilon=epsilon, graph=graph, seeds=seeds, progress=progress
+        Path(out),
+        steps=steps,
+        epsilon=epsilon,
+        graph=graph,
+        seeds=seeds,
+        progress=progress,
+        overwrite=overwrite,
     )
     click.echo(table)
     click.echo(f"\nreport: {report}")
