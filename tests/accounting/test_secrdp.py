@@ -294,7 +294,7 @@ def test_supernodal_selected_inversion_on_irregular_graphs(graph):
     import scipy.sparse.linalg as sla
 
     from privdl.accounting._selinv import supernodes
-    from privdl.accounting.secrdp import _diag_inverse_solves
+    from privdl.accounting._sigma_inverse import _diag_inverse_solves
 
     n = graph.number_of_nodes()
     lap = nx.laplacian_matrix(graph, nodelist=range(n)).astype(float)

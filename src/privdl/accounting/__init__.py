@@ -16,6 +16,7 @@ relation, unit, threat model, nominal flag). The building blocks (``event_epsilo
 report from them (``robust_hdp_epsilon`` is the Robust-HDP code's accountant: NOMINAL).
 """
 
+from privdl.accounting._sigma_inverse import diag_inverse_sparse
 from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.calibration import (
     DecorCalibration,
@@ -62,7 +63,6 @@ from privdl.accounting.secrdp import (
     a_q,
     cdp_limit_step_rdp,
     decor_step_rdp,
-    diag_inverse_sparse,
     parse_adversary,
     theorem_bound,
 )

@@ -12,19 +12,26 @@ Renyi divergence alpha * 2 C^2 [Sigma_I^{-1}]_ii (Lemma 4). Algorithm 3 returns 
 
 so each step is (alpha, alpha * eps_step)-SecRDP for every alpha > 1. Algorithm 2 is q = 0.
 
-Exact algorithms implemented here (all return the same number; see docs/accounting.md):
+Exact algorithms implemented here (all return the same number; see docs/accounting.md). Every one
+separates the component-constant null space of L_H exactly (:mod:`privdl.accounting._sigma_inverse`),
+so the answer keeps its accuracy at any ratio sigma_cor / sigma_cdp (a plain inverse does not: it
+loses the dominant 1/(m sigma_cdp^2) term once sigma_cor^2 lambda_max / sigma_cdp^2 nears 1e16, and
+a Woodbury update on it much earlier).
 
-* ``dense``: Cholesky inverse of Sigma (q = 0, n <= ``dense_limit``).
-* ``dense+lowrank``: q >= 1 from ONE inverse of the graph with q - 1 vertices deleted: deleting v
-  removes row/column v and lowers the degree of each neighbour by one, i.e.
-  Sigma_{G-v} = Sigma[-v,-v] - sigma_cor^2 U U^T with U = [e_u]_{u in N(v)}. The inverse of the
-  principal sub-block is M[-v,-v] - M[-v,v] M[v,-v] / M[v,v] and Woodbury handles the rank-deg(v)
-  term, so all n deletions cost O(n^2 deg) instead of n Cholesky factorizations.
-* ``sparse-selinv``: for large sparse graphs, one sparse LDL^T factorization (SuperLU with a
-  symmetric minimum-degree ordering and no pivoting) followed by the Takahashi selected-inversion
-  recursion, which yields every diagonal entry of Sigma^{-1} exactly (to rounding) without forming
-  the inverse. Falls back to blockwise sparse solves if the factor's pattern is not closed.
-* ``naive``: the reference loop (one dense inverse per colluding set), kept for tests/benchmarks.
+* ``dense``: one deflated dense inverse A = Sigma + sigma_cor^2 kappa P per colluding set.
+* ``dense+lowrank``: q >= 1 from ONE deflated inverse of the graph with q - 1 vertices deleted:
+  deleting v removes row/column v, lowers the degree of each neighbour by one and changes the
+  components of v's component, a signed low-rank update of A[-v,-v]; the principal sub-block's
+  inverse is N[-v,-v] - N[-v,v] N[v,-v] / N[v,v] and Woodbury handles the rest, so all n
+  deletions cost O(n^2 deg) instead of n factorizations.
+* ``sparse-selinv``: for large sparse graphs, one vertex per component is grounded and the rest,
+  Sigma_RR, gets one sparse LDL^T factorization (SuperLU with a symmetric minimum-degree ordering
+  and no pivoting) followed by the Takahashi selected-inversion recursion, which yields every
+  diagonal entry of Sigma_RR^{-1} exactly (to rounding) without forming the inverse; the grounded
+  vertices enter through a scalar Schur complement. Falls back to blockwise sparse solves if the
+  factor's pattern is not closed.
+* ``naive``: the reference loop (one dense inverse per colluding set, no low-rank update), kept
+  for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -37,11 +44,13 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
-import scipy.sparse.linalg as sla
 from scipy.sparse.csgraph import connected_components
 
-from privdl.accounting._graph import algebraic_connectivity, edge_array, laplacian, neighbour_lists
-from privdl.accounting._selinv import selected_inverse_diagonal
+from privdl.accounting._graph import algebraic_connectivity, edge_array, laplacian
+from privdl.accounting._sigma_inverse import (
+    deletion_maxima,
+    sigma_inverse_diagonal,
+)
 from privdl.errors import PrivacyError
 
 #: Default maximum number of colluding sets Algorithm 3 enumerates without ``force=True``.
@@ -114,104 +123,6 @@ def _check_sigmas(sigma_cdp: float, sigma_cor: float, clip: float) -> None:
         raise PrivacyError(f"sigma_cor must be a non-negative finite number, got {sigma_cor}")
     if not (clip > 0 and math.isfinite(clip)):
         raise PrivacyError(f"clip must be a positive finite number, got {clip}")
-
-
-def _dense_inverse(sigma: np.ndarray) -> np.ndarray:
-    """Symmetric inverse of the positive-definite Sigma (LAPACK getrf/getri via numpy).
-
-    (LAPACK potri was measured 2-5x slower than getri here.) Sigma is positive definite whenever
-    sigma_cdp > 0, which the callers check.
-    """
-    if sigma.shape[0] == 0:
-        return sigma.copy()
-    inv = np.linalg.inv(sigma)
-    return 0.5 * (inv + inv.T)
-
-
-def diag_inverse_sparse(sigma: sp.spmatrix) -> np.ndarray:
-    """Exact diagonal of ``sigma^{-1}`` for a sparse symmetric positive-definite matrix.
-
-    One sparse LDL^T factorization (SuperLU, MMD on A^T + A, no pivoting, so U = D L^T), then the
-    Takahashi recursion Z = D^{-1} L^{-1} + (I - L^T) Z evaluated only on the factor's pattern,
-    supernode by supernode from the last (:mod:`privdl.accounting._selinv`). If a needed entry is outside the stored pattern (a numerically
-    cancelled fill), it falls back to blockwise triangular solves, which is exact but slower.
-    """
-    n = sigma.shape[0]
-    lu = sla.splu(
-        sp.csc_matrix(sigma),
-        permc_spec="MMD_AT_PLUS_A",
-        diag_pivot_thresh=0.0,
-        options={"SymmetricMode": True},
-    )
-    if not np.array_equal(lu.perm_r, lu.perm_c):  # pragma: no cover - SPD never pivots
-        return _diag_inverse_solves(lu, n)
-    lower = sp.csc_matrix(lu.L)
-    lower.sort_indices()
-    counts = np.diff(lower.indptr)
-    cols = np.repeat(np.arange(n, dtype=np.int64), counts)
-    off = lower.indices != cols
-    ptr = np.concatenate([[0], np.cumsum(np.bincount(cols[off], minlength=n))])
-    z_diag = selected_inverse_diagonal(
-        ptr, lower.indices[off].astype(np.int64), lower.data[off], lu.U.diagonal()
-    )
-    if z_diag is None:
-        return _diag_inverse_solves(lu, n)
-    return z_diag[lu.perm_c]
-
-
-def _diag_inverse_solves(lu: sla.SuperLU, n: int, block: int = 256) -> np.ndarray:
-    """diag(A^{-1}) by solving A X = I in blocks of right-hand sides (exact, O(n) solves)."""
-    out = np.empty(n)
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        rhs = np.zeros((n, stop - start))
-        rhs[np.arange(start, stop), np.arange(stop - start)] = 1.0
-        out[start:stop] = lu.solve(rhs)[np.arange(start, stop), np.arange(stop - start)]
-    return out
-
-
-def _sigma_dense(lap: sp.spmatrix, sigma_cdp: float, sigma_cor: float) -> np.ndarray:
-    h = lap.shape[0]
-    return sigma_cdp**2 * np.eye(h) + sigma_cor**2 * lap.toarray()
-
-
-def _deletion_maxima(
-    inv: np.ndarray, nbrs: list[np.ndarray], sigma_cor: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """For every vertex v: max_{i != v} [Sigma_{G-v}^{-1}]_ii and its argmax, from M = Sigma^{-1}.
-
-    Woodbury on Sigma_{G-v} = Sigma[-v,-v] - sigma_cor^2 sum_{u in N(v)} e_u e_u^T, batched over
-    vertices of equal degree (no Python loop over vertices beyond index gathering).
-    """
-    n = inv.shape[0]
-    dm = np.diag(inv).copy()
-    best = np.empty(n)
-    arg = np.empty(n, dtype=np.int64)
-    degrees = np.array([len(a) for a in nbrs])
-    inv_c2 = 1.0 / sigma_cor**2
-    for k in np.unique(degrees):
-        vs = np.flatnonzero(degrees == k)
-        nb_all = np.stack([nbrs[v] for v in vs]) if k > 0 else np.zeros((len(vs), 0), int)
-        chunk = max(1, int(4_000_000 // (n * max(int(k), 1))))
-        for start in range(0, len(vs), chunk):
-            v = vs[start : start + chunk]
-            nb = nb_all[start : start + chunk]
-            b = len(v)
-            mv = inv[:, v].T  # (b, n)
-            mvv = dm[v]
-            vals = dm[None, :] - mv**2 / mvv[:, None]
-            if k > 0:
-                m_n = np.transpose(inv[:, nb], (1, 0, 2))  # (b, n, k)
-                mv_n = inv[v[:, None], nb]  # (b, k)
-                bu = m_n - mv[:, :, None] * (mv_n / mvv[:, None])[:, None, :]
-                ubu = bu[np.arange(b)[:, None], nb, :]  # (b, k, k)
-                cap = inv_c2 * np.eye(int(k))[None] - ubu
-                x = np.linalg.solve(cap, np.transpose(bu, (0, 2, 1)))  # (b, k, n)
-                vals = vals + np.einsum("bnk,bkn->bn", bu, x)
-            vals[np.arange(b), v] = -np.inf
-            arg[v] = np.argmax(vals, axis=1)
-            best[v] = vals[np.arange(b), arg[v]]
-    return best, arg
 
 
 def _n_subsets(n: int, q: int) -> int:
@@ -306,7 +217,7 @@ def decor_step_rdp(
             stacklevel=2,
         )
     # Sigma >= sigma_cdp^2 I, so no diagonal entry of its inverse exceeds 1/sigma_cdp^2 (the LDP
-    # level); anything above it is rounding error of an ill-conditioned solve (cond ~ 1e4-1e6).
+    # level); anything above it is rounding error.
     value = min(value, 1.0 / sigma_cdp**2)
     step = 2.0 * clip**2 * value
     return SecRdpStep(float(step), q, adv.label, method, worst_set, int(worst_node), disconnected)
@@ -321,12 +232,9 @@ def _enumerate(
     for subset in itertools.combinations(range(n), q):
         keep = np.ones(n, dtype=bool)
         keep[list(subset)] = False
-        lap = laplacian(n, edges, keep)
-        if dense:
-            diag = np.diag(_dense_inverse(_sigma_dense(lap, sigma_cdp, sigma_cor)))
-        else:
-            sig = sigma_cdp**2 * sp.identity(lap.shape[0], format="csc") + sigma_cor**2 * lap
-            diag = diag_inverse_sparse(sig)
+        diag = sigma_inverse_diagonal(
+            laplacian(n, edges, keep), sigma_cdp, sigma_cor, sparse=not dense
+        )
         i = int(np.argmax(diag))
         if diag[i] > best:
             best, best_set, best_node = float(diag[i]), subset, int(nodes[keep][i])
@@ -342,10 +250,7 @@ def _lowrank(
         keep = np.ones(n, dtype=bool)
         keep[list(subset)] = False
         remaining = np.flatnonzero(keep)
-        lap = laplacian(n, edges, keep)
-        inv = _dense_inverse(_sigma_dense(lap, sigma_cdp, sigma_cor))
-        sub_edges = np.column_stack(np.nonzero(np.triu(lap.toarray() < 0)))
-        maxima, args = _deletion_maxima(inv, neighbour_lists(len(remaining), sub_edges), sigma_cor)
+        maxima, args = deletion_maxima(laplacian(n, edges, keep), sigma_cdp, sigma_cor)
         v = int(np.argmax(maxima))
         if maxima[v] > best:
             best = float(maxima[v])
