@@ -277,26 +277,30 @@ def deletion_maxima(
             vals[rows, v] = -np.inf
             arg[v] = np.argmax(vals, axis=1)
             best[v] = vals[rows, arg[v]]
-    for v in np.flatnonzero(cut):
+    for v in np.flatnonzero(cut):  # v's component splits into parts: indicator columns
         keep = np.ones(h, dtype=bool)
         keep[v] = False
         sub_labels = np.full(h, -1, dtype=np.int64)
         sub_labels[keep] = components(adj[keep][:, keep])[0]
-        parts = np.unique(sub_labels[labels == labels[v]])
-        parts = parts[parts >= 0]
-        m = float(sizes[labels[v]])
-        cols = [np.eye(h)[:, nbrs[v]]] + [(sub_labels == p)[:, None].astype(float) for p in parts]
-        cols.append(((labels == labels[v]) & keep)[:, None].astype(float))
-        basis = np.concatenate(cols, axis=1)  # V, (h, r)
-        part_sizes = np.array([(sub_labels == p).sum() for p in parts], dtype=float)
-        weights = np.concatenate([np.full(len(nbrs[v]), -c2), shift / part_sizes, [-shift / m]])
-        nv = inv @ basis
+        rest = (labels == labels[v]) & keep  # C minus v
+        parts = [np.flatnonzero(sub_labels == p) for p in np.unique(sub_labels[rest])]
+        part_sizes = np.array([len(p) for p in parts], dtype=float)
+        rest_col = comp_sums[:, labels[v]] - inv[:, v]  # N 1_{C - v}
+        largest = int(np.argmax(part_sizes))  # its sum by subtraction: O(h |smaller parts|)
+        part_cols = [inv[p].sum(axis=0) if j != largest else None for j, p in enumerate(parts)]
+        part_cols[largest] = rest_col - sum(c for c in part_cols if c is not None)  # N 1_part
+        nv = np.column_stack([inv[:, nbrs[v]], *part_cols, rest_col])  # N V, (h, r)
         n0v = nv - np.outer(inv[:, v], nv[v] / dm[v])
-        drop = _woodbury_diagonal_drop(n0v[None], (basis.T @ n0v)[None], weights[None])[0]
+        gram = np.vstack(
+            [n0v[nbrs[v]], *(n0v[p].sum(axis=0) for p in parts), n0v[rest].sum(axis=0)]
+        )  # V^T N0 V
+        weights = np.concatenate(
+            [np.full(len(nbrs[v]), -c2), shift / part_sizes, [-shift / float(sizes[labels[v]])]]
+        )
+        drop = _woodbury_diagonal_drop(n0v[None], gram[None], weights[None])[0]
         vals = dm - inv[:, v] ** 2 / dm[v] - drop + share
         for p, size in zip(parts, part_sizes, strict=True):
-            on = sub_labels == p
-            vals[on] += d.gap / size - share[on]
+            vals[p] += d.gap / size - share[p]
         vals[v] = -np.inf
         arg[v] = int(np.argmax(vals))
         best[v] = vals[arg[v]]
