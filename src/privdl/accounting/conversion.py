@@ -33,21 +33,28 @@ def check_delta(delta: float) -> None:
         raise PrivacyError(f"delta must lie in (0, 1), got {delta}")
 
 
+def log_inv_delta(delta: float) -> float:
+    """log(1/delta), as -log(delta): 1/delta overflows for a subnormal delta (< 2.2e-308)."""
+    return -math.log(delta)
+
+
 def classic_epsilon(rho: float, delta: float) -> float:
     """(ACC-1): eps = rho + 2 sqrt(rho log(1/delta)) for the RDP curve alpha * rho (Lemma 11)."""
     check_delta(delta)
     if rho < 0:
         raise PrivacyError(f"RDP slope must be >= 0, got {rho}")
-    return float(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)))
+    return float(rho + 2.0 * math.sqrt(rho * log_inv_delta(delta)))
 
 
 def classic_rho_for_epsilon(epsilon: float, delta: float) -> float:
-    """(ACC-2), the inverse of (ACC-1): rho = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2."""
+    """(ACC-2), the inverse of (ACC-1): rho = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2,
+    evaluated as eps^2 / (sqrt(log(1/delta) + eps) + sqrt(log(1/delta)))^2: the difference of
+    square roots cancels (26% too large at eps = 1e-12, delta = 1e-300)."""
     check_delta(delta)
     if epsilon <= 0:
         raise PrivacyError(f"epsilon must be > 0, got {epsilon}")
-    log_inv = math.log(1.0 / delta)
-    return float((math.sqrt(log_inv + epsilon) - math.sqrt(log_inv)) ** 2)
+    log_inv = log_inv_delta(delta)
+    return float(epsilon**2 / (math.sqrt(log_inv + epsilon) + math.sqrt(log_inv)) ** 2)
 
 
 def improved_epsilon(rho: float, delta: float) -> float:
@@ -64,7 +71,7 @@ def improved_epsilon(rho: float, delta: float) -> float:
         return a * rho + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
 
     # the classic optimum is a good centre; search log(alpha - 1) around it
-    centre = math.log(math.sqrt(math.log(1.0 / delta) / rho))
+    centre = math.log(math.sqrt(log_inv_delta(delta) / rho))
     res = optimize.minimize_scalar(
         eps, bounds=(centre - 12.0, centre + 12.0), method="bounded", options={"xatol": 1e-10}
     )
@@ -83,19 +90,56 @@ def gaussian_delta(mu: float, epsilon: float) -> float:
 
 
 def gaussian_epsilon(rho: float, delta: float) -> float:
-    """Exact eps for total RDP slope rho (a Gaussian with mu = sqrt(2 rho)) at the given delta."""
+    """Exact eps for total RDP slope rho (a Gaussian with mu = sqrt(2 rho)) at the given delta.
+
+    The root of delta(eps) = delta is bracketed to relative 1e-14 and then moved up until
+    delta(eps) plus its rounding error is at most delta (delta(eps) is a difference of two tails
+    whose arguments differ by mu: a few ulps of each argument move it by phi(x) |x| ulps). Where that error is not small against delta (tiny
+    mu and delta) the classic conversion, an upper bound on the exact eps and nearly tight there,
+    is returned instead; never more than the classic value either way.
+    """
     check_delta(delta)
     if rho < 0:
         raise PrivacyError(f"RDP slope must be >= 0, got {rho}")
     mu = math.sqrt(2.0 * rho)
     if gaussian_delta(mu, 0.0) <= delta:
         return 0.0
-    hi = max(1.0, classic_epsilon(rho, delta))
+    classic = classic_epsilon(rho, delta)
+    hi = max(1.0, classic)
     while gaussian_delta(mu, hi) > delta:  # pragma: no cover - classic is always an upper bound
         hi *= 2.0
-    return float(
-        optimize.brentq(lambda e: gaussian_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12)
-    )
+    try:
+        eps = optimize.brentq(
+            lambda e: gaussian_delta(mu, e) - delta, 0.0, hi, xtol=1e-300, rtol=1e-14, maxiter=400
+        )
+    except RuntimeError:  # delta(eps) is rounding noise near the root
+        return float(classic)
+
+    def certified(e: float) -> bool | None:
+        """delta(e) + its rounding <= delta; None where rounding swamps delta."""
+        x = -e / mu + mu / 2.0  # a few ulps in x and in the tails, through Phi and phi
+        rounding = 1.6e-15 * float(special.ndtr(x) + math.exp(-0.5 * x * x) * (abs(x) + 1.0))
+        if rounding > 0.5 * delta:
+            return None
+        return gaussian_delta(mu, e) + rounding <= delta
+
+    step, below = 1e-14, eps
+    while eps < classic:
+        ok = certified(eps)
+        if ok is None:
+            break  # the subtraction has lost the digits that decide
+        if ok:
+            for _ in range(60):  # back towards the root while it stays certified
+                mid = 0.5 * (below + eps)
+                if not below < mid < eps:
+                    break
+                if certified(mid):
+                    eps = mid
+                else:
+                    below = mid
+            return float(eps)
+        below, eps, step = eps, eps * (1.0 + step), step * 2.0
+    return float(classic)
 
 
 def compose_convert(
@@ -130,6 +174,8 @@ def step_rdp_for_epsilon(
         while f(hi) < 0:
             hi *= 2.0
         rho = optimize.brentq(f, 0.0, hi, xtol=1e-300, rtol=1e-13)
+    shrink = 1e-13
     while compose_convert(rho / steps, steps=steps, delta=delta, conversion=conversion) > epsilon:
-        rho *= 1 - 1e-13  # conservative side of the rounding
+        rho *= 1 - shrink  # conservative side of the rounding
+        shrink = min(2.0 * shrink, 0.5)
     return float(rho / steps)

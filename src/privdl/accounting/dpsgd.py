@@ -82,9 +82,24 @@ def event_epsilon(
     absl.setLevel(logging.ERROR)
     try:
         acc.compose(dp_event)
-        return float(acc.get_epsilon(delta))
+        eps = float(acc.get_epsilon(delta))
     finally:
         absl.setLevel(level)
+    if (
+        accountant == "rdp"
+        and event.sampling == "poisson"
+        and event.neighbouring == "add_remove"
+        and 0.0 < event.sampling_rate < 1.0
+    ):
+        # dp-accounting sums log A_alpha, which is rounding noise once q/z is tiny (~1e-9): its
+        # curve then dips to zero or below at some orders and get_epsilon returns 0 (z = 1e6,
+        # q = 1e-3, T = 1e7, delta = 1e-10: 0 where the bound is 0.0034). privdl's curve sums
+        # A_alpha - 1 from non-negative terms; where the two disagree the larger (valid) one holds.
+        curve = poisson_rdp_curves([event.sampling_rate], [event.noise_multiplier])[0]
+        ours = float(epsilons_from_curves(curve[None], [event.steps], delta)[0])
+        if ours > eps * (1.0 + 1e-6):
+            eps = ours
+    return eps
 
 
 def dpsgd_budget(
@@ -120,6 +135,18 @@ def dpsgd_budget(
     )
 
 
+def _check_reachable(target_epsilon: float, delta: float) -> None:
+    """Refuse a target below the epsilon of a zero RDP curve on :data:`RDP_ORDERS`, which no noise
+    reaches (the conversion's log(1/delta)/(alpha - 1) at the largest order)."""
+    reachable = -math.log(delta) / (max(RDP_ORDERS) - 1.0)
+    if target_epsilon <= reachable:
+        raise PrivacyError(
+            f"epsilon {target_epsilon:g} at delta {delta:g} is below what the RDP accountant can "
+            f"certify with orders up to {max(RDP_ORDERS):g} (log(1/delta)/(alpha - 1) = "
+            f"{reachable:.3g}, whatever the noise); use --accountant pld or a larger delta"
+        )
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -152,6 +179,8 @@ def calibrate_noise_multiplier(
         )
         return event_epsilon(ev, delta=delta, accountant=accountant)
 
+    if accountant == "rdp":
+        _check_reachable(target_epsilon, delta)
     lo, hi = 0.25, 1.0
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 4.0
@@ -268,7 +297,7 @@ def classic_from_curve(orders: np.ndarray, rdp_values: np.ndarray, delta: float)
     """Lemma 11 (Mironov 2017) on a tabulated RDP curve: min_alpha rdp + log(1/delta)/(alpha-1)."""
     check_delta(delta)
     orders = np.asarray(orders, dtype=float)
-    return float(np.min(np.asarray(rdp_values) + math.log(1.0 / delta) / (orders - 1.0)))
+    return float(np.min(np.asarray(rdp_values) + (-math.log(delta)) / (orders - 1.0)))
 
 
 # --------------------------------------------------------------------------- many clients at once
@@ -324,6 +353,8 @@ def calibrate_noise_multipliers(
     t = np.asarray(steps, int)
     if not (len(eps_t) == len(q) == len(t)) or np.any(~(eps_t > 0)) or np.any(t < 1):
         raise PrivacyError("need one positive target epsilon and step count per client")
+    check_delta(delta)
+    _check_reachable(float(eps_t.min()), delta)
 
     def eps(z: np.ndarray) -> np.ndarray:
         return epsilons_from_curves(poisson_rdp_curves(q, z), t, delta)

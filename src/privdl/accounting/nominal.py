@@ -89,7 +89,7 @@ def privsgp_sigma(
         3.0
         * c2
         * gradient_bound
-        * math.sqrt(steps * math.log(1.0 / delta))
+        * math.sqrt(steps * (-math.log(delta)))
         / (local_samples * epsilon)
     )
 
@@ -287,7 +287,7 @@ def privsgp_plan(
 def porter_phi(*, dim: int, local_samples: int, epsilon: float, delta: float) -> float:
     """phi_m = sqrt(d log(1/delta)) / (m eps), the centralised DP-SGD utility (PORTER s.1.5)."""
     check_delta(delta)
-    return math.sqrt(dim * math.log(1.0 / delta)) / (local_samples * epsilon)
+    return math.sqrt(dim * (-math.log(delta))) / (local_samples * epsilon)
 
 
 def porter_sigma(
@@ -296,7 +296,7 @@ def porter_sigma(
     """PORTER-DP Theorem 1: sigma_p = c tau sqrt(T log(1/delta)) / (m eps) (c = 1 in the paper)."""
     check_delta(delta)
     _positive(tau=tau, steps=steps, local_samples=local_samples, epsilon=epsilon, c=c)
-    return c * tau * math.sqrt(steps * math.log(1.0 / delta)) / (local_samples * epsilon)
+    return c * tau * math.sqrt(steps * (-math.log(delta))) / (local_samples * epsilon)
 
 
 def one_of_m_sigma(
@@ -361,7 +361,7 @@ def porter_plan(
         warns.append("q z > 1/16: Abadi et al. Lemma 3 does not apply")
     if epsilon > steps * q**2:
         warns.append(f"eps > T/m^2 = {steps * q**2:.3g}: outside Theorem 1's condition")
-    lam = 2.0 * math.log(1.0 / delta) / epsilon
+    lam = 2.0 * (-math.log(delta)) / epsilon
     if q * z < 1 and lam > z**2 * math.log(1.0 / (q * z)):
         warns.append("lambda* = 2 log(1/delta)/eps exceeds z^2 log(1/(q z))")
     values: dict[str, Any] = {"sigma_p": sigma, "noise_multiplier": z, "c": c}
@@ -406,20 +406,31 @@ def porter_plan(
 # and the Table 3 closed form (privdl.robust.table3): the RDP of the Poisson-subsampled Gaussian
 # (Mironov, Talwar & Zhang 2019), vectorised over (q, z) pairs and orders.
 _FRAC_TERMS = (48, 512)  # series lengths tried for fractional orders; a live tail gives inf
+_FRAC_RELIABLE = 1e-11  # below this, a fractional order's series value is rounding noise
 
 
 def _rdp_integer(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """log A_a / (a - 1) for integer a: A_a = sum_k C(a,k) (1-q)^(a-k) q^k exp((k^2-k)/(2z^2))."""
+    """log A_a / (a - 1) for integer a: A_a = sum_k C(a,k) (1-q)^(a-k) q^k exp((k^2-k)/(2z^2)).
+
+    Computed as log1p(A_a - 1) with A_a - 1 = sum_{k >= 2} Binom(a, q)(k) expm1((k^2-k)/(2z^2)),
+    a sum of non-negative terms (the binomial weights sum to one): full relative precision even
+    when A_a - 1 is below rounding of A_a (tiny q/z), where log(sum) gives noise, zero or a
+    negative value (and an epsilon of 0 downstream).
+    """
     k = np.arange(int(orders.max()) + 1)[None, None, :]
     a = orders[None, :, None]
     qq, zz = q[:, None, None], z[:, None, None]
-    valid = k <= a
+    valid = (k <= a) & (k >= 2)
+    x = (k * k - k) / (2 * zz**2)
+    with np.errstate(divide="ignore"):  # k < 2 and underflowed exponents drop out as -inf
+        log_expm1 = np.where(x > 20.0, x + np.log1p(-np.exp(-np.minimum(x, 700.0))), 0.0)
+        log_expm1 = np.where(x > 20.0, log_expm1, np.log(np.expm1(np.minimum(x, 20.0))))
     log_term = (
         gammaln(a + 1) - gammaln(k + 1) - gammaln(np.where(valid, a - k, 0) + 1)
-        + k * np.log(qq) + (a - k) * np.log1p(-qq) + (k * k - k) / (2 * zz**2)
+        + k * np.log(qq) + (a - k) * np.log1p(-qq) + log_expm1
     )  # fmt: skip
-    log_a = logsumexp(np.where(valid, log_term, -np.inf), axis=2)
-    return log_a / (orders[None, :] - 1)
+    log_a_minus_1 = logsumexp(np.where(valid, log_term, -np.inf), axis=2)
+    return np.logaddexp(0.0, log_a_minus_1) / (orders[None, :] - 1)
 
 
 def _rdp_fractional(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
@@ -474,7 +485,13 @@ def rdp_poisson_subsampled_gaussian(
     if is_int.any():
         out[:, is_int] = _rdp_integer(q_arr, z_arr, orders_arr[is_int])
     if (~is_int).any():
-        out[:, ~is_int] = _rdp_fractional(q_arr, z_arr, orders_arr[~is_int])
+        frac = orders_arr[~is_int]
+        values = _rdp_fractional(q_arr, z_arr, frac)
+        # the signed series has absolute rounding error ~1e-16: a value near that level (or
+        # negative) says nothing, so the next integer order's value, an upper bound (RDP is
+        # non-decreasing in the order), takes its place
+        ceil = _rdp_integer(q_arr, z_arr, np.ceil(frac))
+        out[:, ~is_int] = np.where(values > _FRAC_RELIABLE, values, ceil)
     return out
 
 
@@ -483,7 +500,7 @@ def epsilon_from_rdp(
 ) -> np.ndarray:
     """Classic conversion eps = min_a [rdp(a) + log(1/delta)/(a - 1)] (Mironov 2017, Prop. 3)."""
     a = np.asarray(orders, float)
-    return np.min(rdp + math.log(1 / delta) / (a - 1), axis=-1)
+    return np.min(rdp + (-math.log(delta)) / (a - 1), axis=-1)
 
 
 def robust_hdp_noise_multipliers(

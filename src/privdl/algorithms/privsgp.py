@@ -647,7 +647,7 @@ def rdp_epsilon(
     a = RDP_ORDERS.astype(float)
     r = steps * rdp_poisson_gaussian(q, z)
     if conversion == "classic":
-        eps = r + math.log(1.0 / delta) / (a - 1)
+        eps = r + (-math.log(delta)) / (a - 1)
     else:
         eps = r + np.log((a - 1) / a) - (math.log(delta) + np.log(a)) / (a - 1)
     return float(eps.min())
