@@ -166,3 +166,36 @@ def test_unreachable_target_is_refused_with_the_reason(target, delta):
             target_epsilons=[1.0, target], sampling_rates=[1e-3, 1e-3], steps=[100, 10**7],
             delta=delta,
         )  # fmt: skip
+
+
+def test_a_stated_rate_that_is_not_b_over_n_is_rounded_up_not_down():
+    """Fixed-size sampling accounts b of N; a stated rate between two such fractions takes the
+    larger one (rounding to the nearest accounted 0.0149 as 0.01 and 0.6 as 0.5: less than
+    stated, unsafe)."""
+    from privdl.accounting import SubsampledGaussianEvent, account_decor
+
+    def event(q):
+        return SubsampledGaussianEvent(
+            noise_multiplier=2.0, sampling_rate=q, steps=100, sampling="fixed_size",
+            neighbouring="replace_one", dataset_size=100,
+        )  # fmt: skip
+
+    assert [event(q).batch_size for q in (0.01, 0.0149, 0.015, 0.02, 1.0)] == [1, 2, 2, 2, 100]
+
+    def eps(q):
+        return dpsgd_budget(
+            noise_multiplier=2.0, sampling_rate=q, steps=100, delta=1e-5,
+            sampling="fixed_size", neighbouring="replace_one", dataset_size=100,
+        ).epsilon  # fmt: skip
+
+    assert eps(0.0149) == eps(0.02) > eps(0.01)
+    import networkx as nx
+
+    def decor(q):
+        return account_decor(
+            nx.cycle_graph(8), sigma_cdp=1.0, sigma_cor=1.0, steps=10, delta=1e-5,
+            sampling_rate=q, batch_size=1,
+        )  # fmt: skip
+
+    assert decor(0.6).sampling["dataset_size"] == 1  # b / N = 1 >= 0.6, not 1/2
+    assert decor(0.6).budget.epsilon == decor(1.0).budget.epsilon > decor(0.5).budget.epsilon

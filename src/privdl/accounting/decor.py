@@ -182,7 +182,9 @@ def account_decor(
         conversion = conversion or "rdp"
         if conversion not in SAMPLED_CONVERSIONS:
             raise PrivacyError(f"example-level conversion must be one of {SAMPLED_CONVERSIONS}")
-        dataset_size = max(1, round(batch_size / sampling_rate))
+        dataset_size = max(batch_size, round(batch_size / sampling_rate))
+        if batch_size / dataset_size < sampling_rate * (1 - 1e-12):
+            dataset_size -= 1  # never account a smaller rate than the one stated
         event = DecorStepEvent(
             step_rdp=step.step_rdp,
             steps=int(steps),

@@ -66,10 +66,14 @@ class SubsampledGaussianEvent:
 
     @property
     def batch_size(self) -> int | None:
-        """Batch size of fixed-size sampling (rounded sampling_rate * dataset_size)."""
+        """Batch size of fixed-size sampling: sampling_rate * dataset_size, rounded, and up where
+        a stated rate is not b / N (a smaller batch would account a smaller rate than stated)."""
         if self.dataset_size is None:
             return None
-        return max(1, round(self.sampling_rate * self.dataset_size))
+        b = max(1, round(self.sampling_rate * self.dataset_size))
+        if b / self.dataset_size < self.sampling_rate * (1 - 1e-12):
+            b += 1
+        return min(b, int(self.dataset_size))
 
     def to_dp_event(self) -> dpa.DpEvent:
         """The equivalent dp-accounting event."""
