@@ -146,10 +146,13 @@ def test_unsupported_pairs_and_bad_input():
 
 
 def test_poisson_replace_one_pld_is_weaker_than_add_remove():
-    kw = dict(noise_multiplier=2.0, sampling_rate=0.05, steps=100, delta=1e-5, accountant="pld")
-    ar = dpsgd_budget(**kw).epsilon
-    ro = dpsgd_budget(**kw, neighbouring="replace_one").epsilon
-    assert ro > ar
+    """Same noise sigma and clip C: z = sigma/C under add/remove, sigma/(2C) under replace-one
+    (z is relative to each relation's sensitivity); replacing is removing and adding, so it
+    costs more than removing alone."""
+    kw = dict(sampling_rate=0.05, steps=100, delta=1e-5, accountant="pld")
+    ar = dpsgd_budget(noise_multiplier=2.0, **kw).epsilon
+    ro = dpsgd_budget(noise_multiplier=1.0, **kw, neighbouring="replace_one").epsilon
+    assert ar < ro
 
 
 # --------------------------------------------------------------- many clients at once (federated)
@@ -201,3 +204,41 @@ def test_vectorised_calibration_refuses_bad_input():
         calibrate_noise_multipliers(
             target_epsilons=[1.0, -1.0], sampling_rates=[0.1, 0.1], steps=[10, 10], delta=1e-5
         )
+
+
+def test_pld_reads_the_replace_one_noise_multiplier_as_rdp_does():
+    """privdl's z is relative to the sensitivity of the stated relation. dp-accounting's RDP
+    accountant reads it so; its PLD accountant doubles the sensitivity itself under REPLACE_ONE
+    (google/differential-privacy#378), which made privdl's PLD replace-one numbers those of twice
+    the sensitivity. Oracle: with no sampling the mechanism is exactly mu-GDP, mu = sqrt(T)/z."""
+    from privdl.accounting import gaussian_epsilon
+
+    for z, steps in ((2.0, 1), (5.0, 40)):
+        exact = gaussian_epsilon(steps / (2 * z**2), 1e-5)
+        for relation in ("replace_one", "add_remove"):
+            got = dpsgd_budget(
+                noise_multiplier=z, sampling_rate=1.0, steps=steps, delta=1e-5,
+                accountant="pld", sampling="none", neighbouring=relation,
+            ).epsilon  # fmt: skip
+            assert got == pytest.approx(exact, rel=1e-4), relation
+            rdp_eps = dpsgd_budget(
+                noise_multiplier=z, sampling_rate=1.0, steps=steps, delta=1e-5,
+                accountant="rdp", sampling="none", neighbouring=relation,
+            ).epsilon  # fmt: skip
+            assert rdp_eps >= got  # RDP's conversion is never tighter than the exact curve
+
+
+def test_decor_example_level_pld_at_full_batch_is_the_user_level_gaussian():
+    """b = 1, q = 1: one example is the user's whole batch, so example level replace-one is the
+    user-level mechanism, whose exact (eps, delta) is the Gaussian conversion."""
+    import networkx as nx
+
+    from privdl.accounting import account_decor
+
+    common = dict(sigma_cdp=20.0, sigma_cor=20.0, steps=100, delta=1e-5)
+    user = account_decor(nx.cycle_graph(8), conversion="gaussian", **common)
+    example = account_decor(
+        nx.cycle_graph(8), sampling_rate=1.0, batch_size=1, sampling="poisson",
+        neighbouring="replace_one", conversion="pld", **common,
+    )  # fmt: skip
+    assert example.budget.epsilon == pytest.approx(user.budget.epsilon, rel=1e-4)

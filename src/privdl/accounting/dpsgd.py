@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import dp_accounting as dpa
 import numpy as np
@@ -70,6 +71,13 @@ def event_epsilon(
             "accountant's discretisation needs gigabytes; use the rdp accountant"
         )
     dp_event = event.to_dp_event()
+    if accountant == "pld" and event.neighbouring == "replace_one":
+        # privdl's z is relative to the sensitivity under the stated relation (2C for a clipped
+        # sum under replace-one), which is how dp-accounting's RDP accountant reads it; its PLD
+        # accountant reads z relative to one record's bound C and doubles the sensitivity itself
+        # under REPLACE_ONE (google/differential-privacy#378), so it gets 2z (without this the
+        # PLD numbers were those of twice the sensitivity: conservative, and not the mechanism)
+        dp_event = replace(event, noise_multiplier=2.0 * event.noise_multiplier).to_dp_event()
     if not acc.supports(dp_event):
         raise PrivacyError(
             f"the {accountant} accountant does not support {event.sampling} sampling with "

@@ -189,7 +189,13 @@ def account_decor_cmd(
 
 
 @account.command("dpsgd")
-@click.option("--noise-multiplier", type=float, required=True)
+@click.option(
+    "--noise-multiplier",
+    type=float,
+    required=True,
+    help="Noise std / the L2 sensitivity under --neighbouring: sigma/C for a clipped sum under "
+    "add_remove, sigma/(2C) under replace_one (a replaced record moves the sum by 2C).",
+)
 @click.option("--sampling-rate", type=float, required=True)
 @click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--delta", type=float, required=True)
