@@ -251,6 +251,35 @@ def _read_json(path: Path) -> Any:
         raise PrivdlError(f"{path} is corrupt ({exc.__class__.__name__}: {exc})") from None
 
 
+#: What ``privdl run --seeds`` writes into its ``--out`` before the first seed starts.
+SEEDS_PLAN = "seeds.json"
+
+
+def write_seeds_plan(parent: Path, seeds: list[int], config: dict[str, Any]) -> None:
+    """Record a ``--seeds`` sweep (its seeds and the config before ``seed`` is set), so that
+    ``--resume`` also starts the seeds a cut-off sweep had not reached."""
+    write_json_atomic(parent / SEEDS_PLAN, {"seeds": list(seeds), "config": config})
+
+
+def read_seeds_plan(parent: str | Path) -> tuple[list[int], dict[str, Any]] | None:
+    """A sweep's ``(seeds, config)``, or None where ``parent`` has no plan (sweeps started
+    before session 19 did not write one); a malformed plan is a one-line error."""
+    path = Path(parent) / SEEDS_PLAN
+    if not path.is_file():
+        return None
+    plan = _read_json(path)
+    seeds = plan.get("seeds") if isinstance(plan, dict) else None
+    config = plan.get("config") if isinstance(plan, dict) else None
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        or not isinstance(config, dict)
+    ):
+        raise PrivdlError(f"{path} is corrupt (expected seeds and a config); cannot resume")
+    return seeds, config
+
+
 def seed_run_dirs(parent: str | Path) -> list[Path]:
     """The runs ``--seeds`` wrote into ``parent`` (``seed-K`` with a config), in seed order."""
     found = Path(parent).glob("seed-*/config.json")

@@ -176,6 +176,41 @@ def test_resume_of_a_seed_sweep_continues_each_cut_off_run(tmp_path, capsys):
     assert "| 2 |" in capsys.readouterr().out
 
 
+def test_resume_of_a_sweep_cut_off_in_its_first_seed_runs_every_seed(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in seed 1 of ``--seeds 1-2``: --resume finishes seed 1 AND runs seed 2 (the seed
+    list used to live only on the command line, so seed 2 was silently dropped), and every
+    seed ends where the uninterrupted sweep's does."""
+    import privdl.runner
+
+    argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1-2"]
+    assert main([*argv, "--out", str(tmp_path / "full")]) == 0
+    real_train = privdl.runner.train
+
+    def cut(cfg, out_dir, **kw):
+        real_train(cfg, out_dir, **{**kw, "stop_after": 10})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(privdl.runner, "train", cut)
+    assert main([*argv, "--out", str(tmp_path / "cut")]) == 130
+    monkeypatch.setattr(privdl.runner, "train", real_train)
+    assert not (tmp_path / "cut" / "seed-2").exists()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "cut"), "--no-progress"]) == 0
+    assert "| 2 |" in capsys.readouterr().out  # two seeds in the table
+    for seed in (1, 2):
+        rows = [
+            [
+                {k: v for k, v in json.loads(line).items() if k != "wall_time"}
+                for line in (tmp_path / d / f"seed-{seed}" / "metrics.jsonl").open()
+            ]
+            for d in ("full", "cut")
+        ]
+        assert rows[0] == rows[1] and [r["step"] for r in rows[0]] == [0, 10, 20]
+    # a second sweep into the same --out is refused (records are never replaced silently)
+    assert main([*argv, "--out", str(tmp_path / "cut")]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("seeds", ["a,b", "3-x", "-1", ""])
 def test_bad_seed_lists_are_one_line_errors(tmp_path, capsys, seeds):
     argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", seeds]

@@ -169,33 +169,73 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     dpfedavg (the Robust-HDP paper's baseline: example-level DP-SGD on each client), mineps,
     fedavg.
     """
-    from privdl.records import seed_run_dirs
-    from privdl.runner import resume, train
+    from privdl.records import (
+        SEEDS_PLAN,
+        make_dir,
+        read_seeds_plan,
+        seed_run_dirs,
+        write_seeds_plan,
+    )
+    from privdl.runner import resume
 
     if resume_dir:
         refuse_options_with_resume(algorithm, config_file, sets, out, seeds, overwrite, flags)
+        parent = Path(resume_dir)
+        plan = None if (parent / "config.json").is_file() else read_seeds_plan(parent)
+        if plan is not None:  # every seed of the sweep: the cut-off ones and those not started
+            _run_seeds(make_config(plan[1]), plan[0], parent, progress, resume_existing=True)
+            return
         dirs = seed_run_dirs(resume_dir)
-        if (Path(resume_dir) / "config.json").is_file() or not dirs:
+        if (parent / "config.json").is_file() or not dirs:
             summary = resume(resume_dir, progress=progress)
-            _print_summary(summary, Path(resume_dir))
+            _print_summary(summary, parent)
             return
         for d in dirs:
             resume(d, progress=progress)
-        _print_repeats(dirs, Path(resume_dir))
+        _print_repeats(dirs, parent)
         return
     values = command_line_values(config_file, algorithm, flags, sets)
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
     if seeds is None:
+        from privdl.runner import train
+
         summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
         _print_summary(summary, out_dir)
         return
     if "seed" in values:
         raise ConfigError("give --seed or --seeds, not both")
+    seed_list = parse_seeds(seeds)
+    if (out_dir / SEEDS_PLAN).exists() and not overwrite:
+        raise ConfigError(
+            f"{out_dir} already holds a --seeds sweep; use --resume {out_dir} to continue it, "
+            "or choose another --out (or --overwrite)"
+        )
+    make_dir(out_dir)
+    write_seeds_plan(out_dir, seed_list, cfg.model_dump())
+    _run_seeds(cfg, seed_list, out_dir, progress, overwrite=overwrite)
+
+
+def _run_seeds(
+    cfg: RunConfig,
+    seeds: list[int],
+    out_dir: Path,
+    progress: bool | None,
+    *,
+    overwrite: bool = False,
+    resume_existing: bool = False,
+) -> None:
+    """Train ``cfg`` once per seed into ``out_dir/seed-K`` (resuming the runs that exist when
+    ``resume_existing``), then the mean ± std table."""
+    from privdl.runner import resume, train
+
     dirs = []
-    for seed in parse_seeds(seeds):
+    for seed in seeds:
         d = out_dir / f"seed-{seed}"
-        train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
+        if resume_existing and (d / "config.json").is_file():
+            resume(d, progress=progress)
+        else:
+            train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
         dirs.append(d)
     _print_repeats(dirs, out_dir)
 
