@@ -122,6 +122,25 @@ def test_privsgp_epsilon_matches_dp_accounting(tmp_path):
     assert priv["accountant"] == "rdp-subsampled" and priv["unit"] == "example"
 
 
+def test_privsgp_record_is_capped_by_unsampled_steps(tmp_path):
+    """At small noise, T steps of the unsampled Gaussian (sensitivity 2C/B: a replaced example
+    moves its entry's mean by that) bound PrivSGP's epsilon more tightly than dp-accounting's
+    one-of-J bound; the record takes the smaller, says so, and is never above either."""
+    import dp_accounting as dpa
+
+    cfg = {**LS, "algorithm": "privsgp", "graph": "ring:4", "sigma": 0.05, "steps": 10,
+           "eval_every": 10}  # fmt: skip
+    priv = train(cfg, tmp_path / "r", progress=False)["final"]["privacy"]
+    j, sens = 10, 2.0  # J = 10 entries of one sample, sensitivity 2C
+    rho = 10 * sens**2 / (2 * 0.05**2)
+    unsampled = rho + 2 * math.sqrt(rho * math.log(1 / 1e-5))
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dpa.SampledWithoutReplacementDpEvent(j, 1, dpa.GaussianDpEvent(0.05 / sens)), 10)
+    assert unsampled < acc.get_epsilon(1e-5)
+    assert priv["epsilon"] == pytest.approx(unsampled, rel=1e-12)
+    assert "capped by the unsampled" in priv["notes"]
+
+
 @pytest.mark.parametrize("algorithm", sorted(CONFIGS))
 def test_resume_is_bit_identical(tmp_path, algorithm):
     cfg = make_config({**LS, "algorithm": algorithm, **CONFIGS[algorithm]})

@@ -285,6 +285,7 @@ def _privsgp_sigma(cfg, task, *, delta: float) -> float:
 
 def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any] | None]:
     from privdl.accounting.budget import PrivacyBudget
+    from privdl.accounting.decor import UNSAMPLED_CAP_NOTE, cap_by_unsampled
     from privdl.accounting.dpsgd import event_epsilon
     from privdl.accounting.events import DecorStepEvent
     from privdl.accounting.nominal import privsgp_vr_budget
@@ -318,6 +319,9 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
                 dataset_size=j,
             )
             eps = event_epsilon(ev.as_gaussian("replace_one"), delta=delta, accountant="rdp")
+        # one entry of J is a mixture of unsampled steps: never above t of those (as DECOR's,
+        # LDP's and PORTER-DP's example-level records)
+        eps, capped = (eps, False) if t == 0 else cap_by_unsampled(eps, rho, steps=t, delta=delta)
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
@@ -325,7 +329,7 @@ def _privsgp_spent(cfg, task, *, sigma: float) -> Callable[[int], dict[str, Any]
             neighbouring="replace_one",
             unit="example",
             threat_model="ldp",
-            notes=notes,
+            notes=notes + (UNSAMPLED_CAP_NOTE if capped else ""),
         ).to_dict()
 
     return at

@@ -134,6 +134,28 @@ def test_porter_plan_accounts_as_the_run_does():
     assert plan.accounted.epsilon > 3 * plan.values["epsilon_add_remove_poisson"]
 
 
+def test_porter_plan_is_capped_by_unsampled_steps_as_the_run_is():
+    """At Theorem 1's noise for a nominal 0.1 (a9a, T = 100) one b = 1 of m step costs more by
+    dp-accounting's without-replacement bound than T unsampled steps do; the run records the
+    smaller (valid: a sampled step is a mixture of unsampled ones), and so must the plan.
+    Oracles: dp-accounting called directly and the classic conversion in closed form."""
+    import dp_accounting as dpa
+
+    tau, m, t, delta = 1.0, 3256, 100, 1e-3
+    plan = porter_plan(tau=tau, steps=t, delta=delta, local_samples=m, epsilon=0.1)
+    z_r = plan.values["sigma_p"] / (2 * tau)
+    acc = dpa.rdp.RdpAccountant(
+        orders=[1 + x / 4 for x in range(1, 40)] + list(range(11, 4097)),
+        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE,
+    )
+    acc.compose(dpa.SampledWithoutReplacementDpEvent(m, 1, dpa.GaussianDpEvent(z_r)), t)
+    rho = t / (2 * z_r**2)
+    unsampled = rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    assert unsampled < acc.get_epsilon(delta)  # the cap binds here
+    assert plan.accounted.epsilon == pytest.approx(unsampled, rel=1e-12)
+    assert "capped by the unsampled" in plan.accounted.notes
+
+
 def test_robust_hdp_z_o6_o7():
     z16 = robust_hdp_noise_multiplier(
         epsilon=1, delta=1e-4, batch_size=16, dataset_size=2400, round_to=None

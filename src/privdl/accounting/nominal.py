@@ -345,7 +345,8 @@ def porter_plan(
     Accounting under the paper's own relation (Definition 4: replace-one, the LDP of each
     agent's dataset) and sampling (b = 1 uniform of m): T steps of a sampled-without-replacement
     Gaussian with noise multiplier sigma_p / (2 tau) (a replaced sample moves the clipped
-    gradient by up to 2 tau) -- the accountant ``privdl run porter-dp`` labels its runs with.
+    gradient by up to 2 tau), capped by T unsampled steps as ``privdl run porter-dp`` labels its
+    runs.
     ``values["epsilon_add_remove_poisson"]`` is the ACG-style number (add/remove, sensitivity
     tau, Poisson q = 1/m) the spec quotes, for comparison; it is not the paper's relation.
     """
@@ -380,6 +381,15 @@ def porter_plan(
         threat_model="ldp",
     )
     values["noise_multiplier_replace_one"] = z / 2.0
+    from privdl.accounting.decor import UNSAMPLED_CAP_NOTE, cap_by_unsampled
+
+    # as the run's records: never above T unsampled steps (slope 1/(2 z_r^2)), which at small
+    # noise is the tighter bound (1 of m is a mixture of unsampled steps)
+    eps, capped = cap_by_unsampled(
+        accounted.epsilon, 1.0 / (2.0 * (z / 2.0) ** 2), steps=int(steps), delta=delta
+    )
+    if capped:
+        accounted = replace(accounted, epsilon=eps, notes=accounted.notes + UNSAMPLED_CAP_NOTE)
     poisson = dpsgd_budget(
         noise_multiplier=z, sampling_rate=q, steps=int(steps), delta=delta, threat_model="ldp"
     )
