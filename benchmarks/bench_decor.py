@@ -40,7 +40,7 @@ from _common import (
 )
 from torch import nn
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
@@ -149,7 +149,11 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         sigma_cor=SIGMA_COR,
     )
     plain = DSGD(StepSize(LR))
-    box = {"d": decor.init(dict(params), seed=1), "p": plain.init(dict(params), seed=1)}
+    keys1 = Keys.from_seed(1)
+    box = {
+        "d": decor.init(dict(params), oracle, comm, keys=keys1),
+        "p": plain.init(dict(params), oracle, comm, keys=keys1),
+    }
 
     def decor_step() -> None:
         box["d"], _ = decor.step(box["d"], oracle, comm)

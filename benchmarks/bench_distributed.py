@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
@@ -49,7 +49,7 @@ def _simulator(graph: str, dim: int, steps: int, warmup: int) -> dict[str, float
     comm = LocalCommunicator(mixing_matrix(topo, "metropolis"))
     out = {}
     for name, algo in _algorithms(topo, n).items():
-        state = algo.init(task.init_params(seed=0), seed=0)
+        state = algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(0))
         for _ in range(warmup):
             state, _ = algo.step(state, task.oracle, comm)
         start = time.perf_counter()
@@ -67,17 +67,17 @@ def _rank(rank, world, port, graph, dim, steps, warmup, threads, queue) -> None:
     import torch.distributed as dist
 
     from privdl.comm.distributed import DistributedCommunicator, init_from_env
-    from privdl.distributed_runner import ShardOracle, init_shard_state
 
     init_from_env()
     topo = parse_graph(graph)
     n = topo.n
     task = LeastSquaresTask(n, dim=dim)
     comm = DistributedCommunicator(mixing_matrix(topo, "metropolis"))
-    oracle = ShardOracle(task, comm.owned)
+    oracle = task.oracle_for(comm.owned.tolist())
     out = {}
     for name, algo in _algorithms(topo, n).items():
-        state = init_shard_state(algo, comm.shard(task.init_params(seed=0)), comm=comm, seed=0)
+        params = comm.shard(task.init_params(seed=0))
+        state = algo.init(params, oracle, comm, keys=Keys.from_seed(0))
         for _ in range(warmup):
             state, _ = algo.step(state, oracle, comm)
         dist.barrier()

@@ -7,9 +7,9 @@ import json
 import pytest
 
 import privdl
-from privdl.config import make_config
 from privdl.errors import ConfigError
-from privdl.runner import train as train_config
+from privdl.loop import train as train_config
+from privdl.registry import make_config
 
 OPTIONS = {"algorithm": "decor", "task": "least-squares", "graph": "ring:6", "steps": 24,
            "eval_every": 8, "clip": 1.0, "clip_mode": "batch_mean", "epsilon": 5.0,
@@ -23,7 +23,7 @@ def test_train_equals_the_runner_and_labels_its_epsilon(tmp_path):
     priv = summary["final"]["privacy"]
     assert priv["epsilon"] <= 5.0 and priv["delta"] == 1e-5 and not priv["nominal"]
     assert {"accountant", "neighbouring", "unit", "threat_model"} <= priv.keys()
-    assert json.loads((tmp_path / "api" / "summary.json").read_text()) == summary
+    assert json.loads((tmp_path / "api" / "summary.json").read_text()) == summary.summary
 
 
 def test_config_file_with_keyword_overrides(tmp_path):

@@ -201,9 +201,9 @@ def test_copies_of_one_run_are_named_by_their_directories(tmp_path):
 def test_report_says_when_a_runs_keys_came_from_the_seed(tmp_path):
     """The records' key notes reach the table's readers: a footnote names the seeded runs, and
     none appears when every run drew its keys from the OS."""
-    from privdl.config import make_config
+    from privdl.loop import train
+    from privdl.registry import make_config
     from privdl.report import load_runs, markdown_table
-    from privdl.runner import train
 
     base = {"algorithm": "ldp", "task": "least-squares", "graph": "ring:4", "steps": 4,
             "eval_every": 2, "clip": 1.0, "sigma": 1.0}  # fmt: skip

@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
-from privdl.config import make_config
 from privdl.errors import ConfigError, PrivdlError
+from privdl.loop import resume, train
 from privdl.records import RunRecords
-from privdl.runner import resume, train
+from privdl.registry import make_config
 
 LS = dict(
     task="least-squares",
@@ -53,7 +53,7 @@ def test_records_layout_and_privacy_label(tmp_path):
 def test_calibrated_ldp_sigma_matches_paper_table(tmp_path):
     """Spec §6.2: T = 3500, eps = 10 gives sigma_ldp = 67.19 C; CDP sigma_ldp / sqrt(n)."""
     base = {**LS, "graph": "ring:16", "steps": 3500, "epsilon": 10.0, "delta": 1e-5}
-    from privdl.runner import build
+    from privdl.loop import build_run as build
 
     ldp = build(make_config({**base, "algorithm": "ldp"})).cfg
     cdp = build(make_config({**base, "algorithm": "cdp"})).cfg
@@ -77,7 +77,7 @@ def test_decor_default_sigma_cdp_splits_the_step_budget_in_half():
     import math
 
     from privdl.accounting.secrdp import cdp_limit_step_rdp, decor_step_rdp
-    from privdl.runner import build
+    from privdl.loop import build_run as build
 
     base = {**LS, "epsilon": 3.0, "delta": 1e-5}
     dec = build(make_config({**base, "algorithm": "decor"}))
@@ -212,7 +212,10 @@ def test_inconsistent_configs(tmp_path, values, msg):
         ({"task": "least-squares", "sampling": "poisson"}, "drop sampling"),
         ({"task": "a9a", "ls_dim": 5}, "ls_dim is least-squares"),
         ({"device": "tpu"}, "cpu, cuda or cuda:N"),
-        ({"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"}, "adversary applies to decor"),
+        (
+            {"algorithm": "ldp", "sigma": 1.0, "adversary": "curious"},
+            "adversary applies to correlated noise",
+        ),
         ({"algorithm": "ldp", "sigma": 1.0, "delta": 1.0}, "delta"),
         ({"algorithm": "ldp", "epsilon": float("inf")}, "epsilon"),
         ({"algorithm": "ldp", "sigma": float("nan")}, "sigma"),
@@ -273,7 +276,7 @@ def test_a_diverging_run_stops_with_a_clear_error_and_says_so_in_its_records(tmp
 
 
 def test_progress_note_shows_the_epsilon_spent_and_flags_nominal():
-    from privdl.runner import _short
+    from privdl.loop import short_info as _short
 
     budget = {"epsilon": 1.23456, "delta": 1e-5, "unit": "example", "threat_model": "ldp"}
     row = {"loss": 0.5, "accuracy": 0.75, "privacy": {**budget, "nominal": False}}
@@ -284,7 +287,7 @@ def test_progress_note_shows_the_epsilon_spent_and_flags_nominal():
 
 
 def test_porter_default_mixing_is_fdla_on_small_graphs_and_best_constant_on_large():
-    from privdl.config import FDLA_DEFAULT_MAX_NODES
+    from privdl.recipes.porter import FDLA_DEFAULT_MAX_NODES
 
     small = make_config({"algorithm": "porter-dp", "graph": "ring:16"})
     large = make_config({"algorithm": "porter-dp", "graph": f"ring:{FDLA_DEFAULT_MAX_NODES + 1}"})
@@ -357,7 +360,8 @@ def test_os_keys_draw_the_data_sampling_too(tmp_path):
     resumed run draws the same batches (two resumptions of one checkpoint agree to the bit)."""
     import shutil
 
-    from privdl.runner import build
+    from privdl.loop import LocalWorld
+    from privdl.loop import build_run as build
 
     a9a = {"task": "a9a", "graph": "ring:4", "steps": 12, "eval_every": 4, "lr": 0.1,
            "clip": 1.0, "batch_size": 8, "algorithm": "ldp", "sigma": 0.5, "seed": 3,
@@ -366,12 +370,12 @@ def test_os_keys_draw_the_data_sampling_too(tmp_path):
     seeds = set()
     for _ in range(2):
         built = build(cfg, calibrated=True)
-        built.init_state(built.initial_params())
+        LocalWorld().os_state(built, tmp_path, None)
         seeds.add(built.task.seed)
     assert len(seeds) == 2 and cfg.seed not in seeds
     sgp = build(make_config({**LS, "algorithm": "privsgp", "graph": "expo:4", "sigma": 0.2, "clip_mode": "per_sample",
                              "key_source": "os"}), calibrated=True)  # fmt: skip
-    assert sgp.init_state(sgp.initial_params()).seed != LS.get("seed", 0)
+    assert LocalWorld().os_state(sgp, tmp_path, None).seed != LS.get("seed", 0)
 
     assert train(cfg, tmp_path / "p1", progress=False, stop_after=6) == {"stopped_at": 6}
     saved = RunRecords(tmp_path / "p1").load_checkpoint()["keys"]["sampling_seed"]
@@ -462,12 +466,12 @@ def test_cdp_step_rdp_is_the_central_gaussian():
     """CDP (complete graph, W = J): the average of n clipped gradients (one user moves it by at
     most 2C/n) plus the average of n noises of std sigma (std sigma/sqrt(n)): the replace-one
     slope is (2C/n)^2 / (2 sigma^2/n) = 2C^2 / (n sigma^2)."""
-    from privdl.privacy import step_rdp
+    from privdl.registry import recipe_for
     from privdl.tasks import build_task
     from privdl.topology import parse_graph
 
     cfg = make_config({**LS, "algorithm": "cdp", "graph": "complete:8", "sigma": 0.7})
-    rho = step_rdp(cfg, parse_graph("complete:8"), build_task(cfg), sigma=0.7, sigma_cor=0.0)
+    rho = recipe_for(cfg).step_rdp(cfg, parse_graph("complete:8"), build_task(cfg), sigma=0.7)
     assert rho == pytest.approx(2 * 1.0**2 / (8 * 0.7**2), rel=1e-12)
 
 

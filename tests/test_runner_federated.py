@@ -10,11 +10,12 @@ import pytest
 from privdl.accounting.dpsgd import dpsgd_budget
 from privdl.accounting.nominal import robust_hdp_noise_multipliers
 from privdl.cli.main import main
-from privdl.config import FEDERATED_GRAPH, federated_clients, make_config
 from privdl.errors import ConfigError
+from privdl.loop import resume, train
+from privdl.recipes.federated import FEDERATED_GRAPH, federated_clients
 from privdl.records import RunRecords
+from privdl.registry import make_config
 from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
-from privdl.runner import resume, train
 
 # a9a (embedded) over 4 clients of ~8,140 samples; batch 512 keeps a round at 16 local steps
 BASE = {"task": "a9a", "clients": 4, "batch_size": 512, "lr": 0.05, "clip": 1.0}

@@ -17,10 +17,11 @@ import traceback
 import pytest
 import torch
 
-from privdl.config import make_config
 from privdl.errors import ConfigError
+from privdl.loop import build_run as build
+from privdl.loop import resume, train
 from privdl.records import RunRecords
-from privdl.runner import build, resume, train
+from privdl.registry import make_config
 
 LS = dict(
     task="least-squares",
@@ -168,13 +169,13 @@ def _rows(run_dir) -> list[dict]:
 def test_resume_restores_state_not_only_models(tmp_path):
     """Restarting PORTER from the models alone (surrogates and tracker reset) changes the run,
     so the bit-identical resume above really depends on the saved state."""
-    from privdl.runner import import_state
+    from privdl.recipes.base import import_state
 
     cfg = make_config({**LS, "algorithm": "porter-dp", **CONFIGS["porter-dp"]})
     train(cfg, tmp_path / "part", progress=False, stop_after=20)
     ckpt = RunRecords(tmp_path / "part").load_checkpoint()
     built = build(cfg.with_updates(sigma=0.3), calibrated=True)
-    fresh = built.init_state(built.initial_params())
+    fresh = built.init_state()
     good = import_state(fresh, ckpt["params"], ckpt["state"], t=20)
     bad = import_state(fresh, ckpt["params"], {}, t=20)
     a, _ = built.algorithm.step(good, built.oracle, built.comm)

@@ -138,8 +138,8 @@ class RunRecords:
         """Create the directory for a fresh run; refuses to mix with an earlier run's records."""
         if self.metrics_path.exists() and not overwrite:
             raise PrivdlError(
-                f"{self.dir} already holds a run; use --resume {self.dir} to continue it, "
-                "or choose another --out"
+                f"{self.dir} already holds a run; use --resume {self.dir} (privdl.resume) to "
+                "continue it, --overwrite (overwrite=True) to replace it, or choose another --out"
             )
         make_dir(self.dir)
         for p in (self.metrics_path, self.checkpoint_path, self.summary_path):

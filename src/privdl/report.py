@@ -33,7 +33,7 @@ def run_label(cfg: dict[str, Any]) -> str:
     """A short label of a run: the user's label, or algorithm and graph."""
     if cfg.get("label"):
         return str(cfg["label"])
-    graph = "complete (W=J)" if cfg.get("algorithm") == "cdp" else cfg.get("graph", "?")
+    graph = "complete (W=J)" if _central(cfg) else cfg.get("graph", "?")
     if graph == "server":  # a federated run: clients, budgets, participation
         parts = [f"{cfg.get('clients', '?')} clients"]
         if cfg.get("budgets"):
@@ -44,6 +44,17 @@ def run_label(cfg: dict[str, Any]) -> str:
             parts.append(f"{cfg['clients_per_round']} a round")
         graph = ", ".join(parts)
     return f"{cfg.get('algorithm', '?')} / {graph}"
+
+
+def _central(cfg: dict[str, Any]) -> bool:
+    """Whether the run's noise is central (exact averaging over the complete graph, W = J)."""
+    from privdl.errors import ConfigError
+    from privdl.registry import recipe_for
+
+    try:
+        return getattr(recipe_for(cfg), "noise", None) == "central"
+    except ConfigError:  # an algorithm registered by a module not loaded here
+        return False
 
 
 def _cell(text: str) -> str:
@@ -80,16 +91,16 @@ def _short_value(value: Any) -> str:
 
 
 def _field_order(key: str) -> tuple[int, str]:
-    """Config keys in :class:`~privdl.config.RunConfig`'s order (seed before data_seed)."""
+    """Config keys in the order of the configuration models (seed before data_seed)."""
     fields = _config_fields()
     return (fields.get(key, len(fields)), key)
 
 
 @functools.cache
 def _config_fields() -> dict[str, int]:
-    from privdl.config import RunConfig
+    from privdl.registry import config_fields
 
-    return {name: i for i, name in enumerate(RunConfig.model_fields)}
+    return {name: i for i, name in enumerate(config_fields())}
 
 
 def privacy_text(priv: dict[str, Any] | None) -> str:

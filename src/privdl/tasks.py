@@ -8,26 +8,38 @@
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from privdl.comm.base import Tree
+from privdl.algorithms.privsgp import LeastSquaresSamples, ModelSamples
+from privdl.data import (
+    gather_batch,
+    least_squares_problem,
+    load_dataset,
+    sample_batches,
+    stack_partitions,
+)
+from privdl.data.custom import UserData, partition_parts
 from privdl.engine.clipping import clip_by_global_norm
 from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.errors import ConfigError
+from privdl.models import build_model
+from privdl.models.base import StackedModel
+from privdl.models.module import from_module
+from privdl.rng import step_generator
+from privdl.topology import parse_topology
+from privdl.tree import Tree
+
+__all__ = ["LeastSquaresTask", "SupervisedTask", "build_task", "step_generator"]
 
 
-def step_generator(
-    seed: int, purpose: str, t: int, device: str | torch.device = "cpu"
-) -> torch.Generator:
-    """A generator that depends only on ``(seed, purpose, t)``: batches are resumable."""
-    digest = hashlib.sha256(f"privdl/{purpose}/{int(seed)}/{int(t)}".encode()).digest()
-    g = torch.Generator(device=device)
-    g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-    return g
+def _all_nodes(nodes: Sequence[int] | None, n: int) -> bool:
+    return nodes is None or list(nodes) == list(range(n))
 
 
 @dataclass
@@ -47,8 +59,6 @@ class LeastSquaresTask:
     kind: str = field(default="least-squares", init=False)
 
     def __post_init__(self) -> None:
-        from privdl.data import least_squares_problem
-
         self.problem = least_squares_problem(
             self.n_nodes, d=self.dim, zeta=self.zeta, rng=np.random.default_rng(self.seed)
         )
@@ -75,18 +85,37 @@ class LeastSquaresTask:
             grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
         return GradResult(grads=grads, loss=self._losses(x), per_sample_norms=None)
 
-    def sample_oracle(self, *, clip: float | None, block_size: int = 1):
+    def oracle_for(self, nodes: Sequence[int] | None = None):
+        """The gradient oracle of the nodes ``nodes`` (a process's shard; all if None)."""
+        if _all_nodes(nodes, self.n_nodes):
+            return self.oracle
+        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=self._a.device)  # type: ignore[arg-type]
+        a, b = self._a[idx][:, None], self._b[idx]
+
+        def shard_oracle(params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
+            x = params["x"]
+            grads = {"x": a * (a * x - b)}
+            if clip.mode != "none":
+                grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
+            loss = 0.5 * (a * x - b).pow(2).sum(dim=-1)
+            return GradResult(grads=grads, loss=loss, per_sample_norms=None)
+
+        return shard_oracle
+
+    def sample_oracle(
+        self, *, clip: float | None, block_size: int = 1, nodes: Sequence[int] | None = None
+    ) -> LeastSquaresSamples:
         """Per-sample oracle for PrivSGP(-VR): row j of ``A_i = a_i I`` is sample j of node i.
 
         ``f_i(x; j) = 1/2 (a_i x_j - b_ij)^2``, so ``(1/d) sum_j f_i(x; j) = L_i(x) / d``: the same
         minimiser, with ``J = d`` samples per node (PrivSGP-VR Algorithm 1's ``f_i``).
+        ``nodes``: the rows of a process's shard (all if None).
         """
-        from privdl.algorithms.privsgp import LeastSquaresSamples
-
         if block_size != 1:
             raise ConfigError("least-squares has one sample per coordinate: use block_size 1")
         eye = torch.eye(self.dim, dtype=self.dtype, device=self.device)
-        return LeastSquaresSamples(self._a[:, None, None] * eye, self._b.clone(), clip=clip)
+        full = LeastSquaresSamples(self._a[:, None, None] * eye, self._b.clone(), clip=clip)
+        return full if _all_nodes(nodes, self.n_nodes) else full.rows(list(nodes))  # type: ignore[arg-type]
 
     def evaluate(self, params: Tree) -> dict[str, float]:
         x = params["x"]
@@ -100,7 +129,9 @@ class LeastSquaresTask:
 
 
 def default_model(task: str) -> str:
-    return {"a9a": "linear", "mnist": "mlp", "fashion-mnist": "cnn-fmnist"}.get(task, "resnet18-gn")
+    return {"a9a": "linear", "mnist": "mlp", "fashion-mnist": "cnn-fmnist", "user": "mlp"}.get(
+        task, "resnet18-gn"
+    )
 
 
 @dataclass
@@ -119,31 +150,20 @@ class SupervisedTask:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     eval_max: int = 20000
+    #: a Python caller's own model and data (:class:`UserObjects`), in place of the names
+    user: UserObjects | None = None
     kind: str = field(default="supervised", init=False)
 
     def __post_init__(self) -> None:
-        from privdl.data import (
-            load_dataset,
-            partition_dirichlet,
-            partition_iid,
-            partition_shards,
-            stack_partitions,
-        )
-        from privdl.models import build_model
-
-        ds = load_dataset(self.dataset_name, data_dir=self.data_dir, seed=self.data_seed)
+        user = self.user
+        if user is not None and user.data is not None:
+            ds = user.data.dataset
+            parts = user.data.node_parts(self.n_nodes, self.partition, seed=self.data_seed)
+        else:
+            ds = load_dataset(self.dataset_name, data_dir=self.data_dir, seed=self.data_seed)
+            parts = partition_parts(ds.y_train.numpy(), self.n_nodes, self.partition,
+                                    seed=self.data_seed)  # fmt: skip
         self.dataset = ds
-        labels = ds.y_train.numpy()
-        rng = np.random.default_rng(self.data_seed)
-        kind, _, arg = self.partition.partition(":")
-        if kind == "iid":
-            parts = partition_iid(labels, self.n_nodes, rng=rng)
-        elif kind == "dirichlet":
-            parts = partition_dirichlet(labels, self.n_nodes, float(arg), rng=rng)
-        elif kind == "shards":
-            parts = partition_shards(labels, self.n_nodes, int(float(arg)), rng=rng)
-        else:  # validated by the config already
-            raise ConfigError(f"unknown partition {self.partition!r}")
         x = ds.x_train.to(self.dtype)
         self.data = stack_partitions(x.to(self.device), ds.y_train.to(self.device), parts)
         counts = self.data.counts
@@ -151,14 +171,25 @@ class SupervisedTask:
             raise ConfigError(
                 f"batch size {self.batch_size} exceeds the smallest node's data ({int(counts.min())})"
             )
-        self.binary = (
-            ds.n_classes == 2 and (self.model_name or default_model(self.dataset_name)) == "linear"
-        )
-        self.model = build_model(
-            self.model_name or default_model(self.dataset_name),
-            in_shape=tuple(ds.input_shape),
-            n_classes=1 if self.binary else ds.n_classes,
-        )
+        if user is not None and user.model is not None:
+            self.model = user_model(user.model, in_shape=tuple(ds.input_shape))
+            out = tuple(getattr(self.model, "out_shape", (ds.n_classes,)))
+            self.binary = ds.n_classes == 2 and out == (1,)
+            if not self.binary and out != (ds.n_classes,):
+                raise ConfigError(
+                    f"the model outputs shape {out} per example; the data has {ds.n_classes} "
+                    f"classes: give one logit per class (or one for two classes)"
+                )
+        else:
+            self.binary = (
+                ds.n_classes == 2
+                and (self.model_name or default_model(self.dataset_name)) == "linear"
+            )
+            self.model = build_model(
+                self.model_name or default_model(self.dataset_name),
+                in_shape=tuple(ds.input_shape),
+                n_classes=1 if self.binary else ds.n_classes,
+            )
         self.loss_name = "bce" if self.binary else "cross_entropy"
         # evaluation sets (the averaged model on the full train split and on the test split)
         self._x_train_eval = x[: self.eval_max].to(self.device)
@@ -177,8 +208,7 @@ class SupervisedTask:
         return {k: v.to(self.device) for k, v in params.items()}
 
     def oracle(self, params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
-        from privdl.data import gather_batch, sample_batches
-
+        """Clipped gradients of every node on its minibatch of step ``t``."""
         data = self.data
         if self.sampling == "full":
             xb, yb, mask = data.x, data.y, data.valid
@@ -206,14 +236,51 @@ class SupervisedTask:
             denominator=denom,
         )
 
-    def sample_oracle(self, *, clip: float | None, block_size: int = 1):
-        """Block oracle for PrivSGP(-VR) (spec privsgp-vr.md §8.1): node i's first ``m`` samples
-        (``m`` = the smallest node's count), in blocks of ``block_size``; table in the run's dtype.
-        """
-        from privdl.algorithms.privsgp import ModelSamples
+    def oracle_for(self, nodes: Sequence[int] | None = None):
+        """The gradient oracle of the nodes ``nodes`` (a process's shard; all if None).
 
+        The minibatch indices come from the generator keyed by ``(seed, t)`` for all ``n`` nodes
+        (the same draw in every process, as in the simulator); the shard keeps its rows and
+        computes only its own nodes' gradients (DECOR Alg. 1 line 2).
+        """
+        if _all_nodes(nodes, self.n_nodes):
+            return self.oracle
+        data = self.data
+        idx = torch.as_tensor(list(nodes), dtype=torch.long, device=data.x.device)  # type: ignore[arg-type]
+        x_all, y_all = data.x[idx], data.y[idx]
+
+        def shard_oracle(params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
+            if self.sampling == "full":
+                xb, yb, mask, denom = x_all, y_all, data.valid[idx], None
+            else:
+                bi = sample_batches(
+                    data.counts,
+                    self.batch_size,
+                    generator=step_generator(self.seed, "batches", t),
+                    scheme=self.sampling,
+                    m_max=data.x.shape[1],
+                )
+                index = bi.index[idx]
+                rows = torch.arange(index.shape[0], device=index.device)[:, None]
+                xb, yb = x_all[rows, index], y_all[rows, index]
+                mask = bi.mask[idx] if self.sampling == "poisson" else None
+                denom = float(self.batch_size) if self.sampling == "poisson" else None
+            return node_gradients(
+                self.model, params, xb, yb, loss=self.loss_name, clip=clip, mask=mask,
+                denominator=denom,
+            )  # fmt: skip
+
+        return shard_oracle
+
+    def sample_oracle(
+        self, *, clip: float | None, block_size: int = 1, nodes: Sequence[int] | None = None
+    ) -> ModelSamples:
+        """Block oracle for PrivSGP(-VR) (PrivSGP-VR Algorithm 1 with a table of block means):
+        node i's first ``m`` samples (``m`` = the smallest node's count), in blocks of
+        ``block_size``; table in the run's dtype. ``nodes``: a process's shard (all if None).
+        """
         m = int(self.data.counts.min())
-        return ModelSamples(
+        full = ModelSamples(
             self.model,
             self.data.x[:, :m],
             self.data.y[:, :m],
@@ -222,6 +289,7 @@ class SupervisedTask:
             clip=clip,
             table_dtype=self.dtype,
         )
+        return full if _all_nodes(nodes, self.n_nodes) else full.rows(list(nodes))  # type: ignore[arg-type]
 
     def evaluate(self, params: Tree) -> dict[str, float]:
         avg = {k: v.mean(dim=0, keepdim=True) for k, v in params.items()}
@@ -237,17 +305,46 @@ class SupervisedTask:
         }
 
 
-def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
-    """The task a :class:`~privdl.config.RunConfig` asks for, on its graph's nodes (or, for a
-    federated run, its ``clients``)."""
-    from privdl.config import FEDERATED
-    from privdl.topology import parse_topology
+@dataclass(frozen=True)
+class UserObjects:
+    """What a Python caller hands over instead of names: its data (tensors, Datasets or
+    per-node datasets, normalised by :func:`privdl.data.custom.user_data`) and its model (an
+    ``nn.Module``, a factory that makes one, or a :class:`~privdl.models.StackedModel`)."""
 
-    n = cfg.clients if cfg.algorithm in FEDERATED else parse_topology(cfg.graph).n
+    data: UserData | None = None
+    model: Any = None
+
+
+def user_model(model: Any, *, in_shape: tuple[int, ...]) -> StackedModel:
+    """A stacked model of a caller's ``nn.Module`` (every node starts from its weights), of a
+    factory (each draw seeded by the run), or the :class:`StackedModel` itself."""
+    if isinstance(model, StackedModel):
+        return model
+    if isinstance(model, nn.Module) or callable(model):
+        return from_module(model, in_shape=in_shape)
+    raise ConfigError(
+        f"model must be an nn.Module, a function or class that makes one, or a model name; got "
+        f"{type(model).__name__}"
+    )
+
+
+def build_task(
+    cfg: Any, *, n_nodes: int | None = None, user: UserObjects | None = None
+) -> LeastSquaresTask | SupervisedTask:
+    """The task a run configuration asks for, on ``n_nodes`` nodes (default: its graph's, or a
+    federated run's ``clients``); ``user``: a Python caller's own model and data."""
+    if n_nodes is None:
+        clients = getattr(cfg, "clients", None)
+        n_nodes = int(clients) if clients else parse_topology(cfg.graph).n
+    n = n_nodes
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.task == "least-squares":
         return LeastSquaresTask(
             n, dim=cfg.ls_dim, seed=cfg.data_seed, dtype=dtype, device=cfg.device
+        )
+    if cfg.task == "user" and (user is None or user.data is None):
+        raise ConfigError(
+            "task 'user' trains on data you pass from Python: privdl.train(..., data=(X, y))"
         )
     return SupervisedTask(
         cfg.task,
@@ -261,4 +358,5 @@ def build_task(cfg) -> LeastSquaresTask | SupervisedTask:
         data_dir=cfg.data_dir,
         dtype=dtype,
         device=cfg.device,
+        user=user,
     )

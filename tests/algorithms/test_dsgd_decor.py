@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm import LocalCommunicator
@@ -29,7 +29,13 @@ def test_dsgd_without_noise_equals_numpy_recursion():
     topo, comm = _comm("torus:3x3")
     task = LeastSquaresTask(topo.n, dim=4, seed=3, dtype=torch.float64)
     algo = DSGD(StepSize(0.05))
-    state = _run(algo, algo.init(task.init_params(seed=0), seed=0), task.oracle, comm, 25)
+    state = _run(
+        algo,
+        algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(0)),
+        task.oracle,
+        comm,
+        25,
+    )
     w = mixing_matrix(topo, "metropolis").dense()
     a, b = task.problem.a_scale[:, None], task.problem.b
     x = np.ones((topo.n, 4))
@@ -42,7 +48,13 @@ def test_dsgd_converges_to_least_squares_optimum_on_average():
     topo, comm = _comm("ring:8")
     task = LeastSquaresTask(topo.n, dim=5, seed=0, dtype=torch.float64)
     algo = DSGD(StepSize(0.2, decay=50.0))
-    state = _run(algo, algo.init(task.init_params(seed=0), seed=0), task.oracle, comm, 3000)
+    state = _run(
+        algo,
+        algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(0)),
+        task.oracle,
+        comm,
+        3000,
+    )
     xbar = state.params["x"].mean(0).numpy()
     assert np.linalg.norm(xbar - task.problem.x_star) < 2e-2
 
@@ -55,8 +67,20 @@ def test_decor_with_zero_sigma_cor_is_the_ldp_run_exactly():
     dec = Decor(
         StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.7, sigma_cor=0.0
     )
-    s1 = _run(ldp, ldp.init(task.init_params(seed=0), seed=5), task.oracle, comm, 20)
-    s2 = _run(dec, dec.init(task.init_params(seed=0), seed=5), task.oracle, comm, 20)
+    s1 = _run(
+        ldp,
+        ldp.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(5)),
+        task.oracle,
+        comm,
+        20,
+    )
+    s2 = _run(
+        dec,
+        dec.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(5)),
+        task.oracle,
+        comm,
+        20,
+    )
     assert torch.equal(s1.params["x"], s2.params["x"])
 
 
@@ -83,7 +107,9 @@ def test_decor_average_does_not_see_correlated_noise(spec):
     runs = {}
     for sc in (0.0, 3.0, 50.0):
         algo = Decor(StepSize(0.1), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.5, sigma_cor=sc)
-        runs[sc] = _run(algo, algo.init(dict(x0), seed=7), oracle, comm, 15).params["x"]
+        runs[sc] = _run(
+            algo, algo.init(dict(x0), oracle, comm, keys=Keys.from_seed(7)), oracle, comm, 15
+        ).params["x"]
     for sc in (3.0, 50.0):
         assert torch.allclose(runs[sc].mean(0), runs[0.0].mean(0), atol=1e-10)
         # ... while the individual models do see it
@@ -99,8 +125,20 @@ def test_decor_on_complete_graph_with_J_equals_cdp_average():
         StepSize(0.05), edges=topo.edges, n_nodes=topo.n, clip=clip, sigma_cdp=0.3, sigma_cor=4.0
     )
     cdp = DSGD(StepSize(0.05), clip=clip, sigma=0.3)
-    s1 = _run(dec, dec.init(task.init_params(seed=0), seed=9), task.oracle, comm, 10)
-    s2 = _run(cdp, cdp.init(task.init_params(seed=0), seed=9), task.oracle, comm, 10)
+    s1 = _run(
+        dec,
+        dec.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(9)),
+        task.oracle,
+        comm,
+        10,
+    )
+    s2 = _run(
+        cdp,
+        cdp.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(9)),
+        task.oracle,
+        comm,
+        10,
+    )
     assert torch.allclose(s1.params["x"], s2.params["x"], atol=1e-10)
 
 
@@ -115,7 +153,9 @@ def test_decor_noise_is_fresh_every_step():
         )
 
     algo = Decor(StepSize(1.0), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.0, sigma_cor=1.0)
-    state = algo.init({"x": torch.zeros(topo.n, 3, dtype=torch.float64)}, seed=1)
+    state = algo.init(
+        {"x": torch.zeros(topo.n, 3, dtype=torch.float64)}, oracle, comm, keys=Keys.from_seed(1)
+    )
     moves = []
     for _ in range(3):
         before = state.params["x"].clone()
@@ -131,7 +171,6 @@ def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
     """DECOR and LDP draw their noise in a worker thread while the gradients run; forcing the
     draws inline must give the same iterates bit for bit (no shared state between the two)."""
     import privdl.algorithms.decor as decor_mod
-    import privdl.algorithms.dsgd as dsgd_mod
 
     topo, comm = _comm("torus:3x3")
     task = LeastSquaresTask(topo.n, dim=6, seed=2, dtype=torch.float64)
@@ -144,17 +183,29 @@ def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
         ),
     ]  # fmt: skip
     background = [
-        _run(a, a.init(task.init_params(seed=0), seed=4), task.oracle, comm, 15) for a in algos
+        _run(
+            a,
+            a.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(4)),
+            task.oracle,
+            comm,
+            15,
+        )
+        for a in algos
     ]
 
     def inline(fn, *, device):
         value = fn()
         return lambda: value
 
-    monkeypatch.setattr(decor_mod, "in_background", inline)
-    monkeypatch.setattr(dsgd_mod, "in_background", inline)
+    monkeypatch.setattr(decor_mod, "in_background", inline)  # D-SGD's step is DECOR's
     for algo, state in zip(algos, background, strict=True):
-        again = _run(algo, algo.init(task.init_params(seed=0), seed=4), task.oracle, comm, 15)
+        again = _run(
+            algo,
+            algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(4)),
+            task.oracle,
+            comm,
+            15,
+        )
         assert torch.equal(again.params["x"], state.params["x"])
 
 

@@ -16,18 +16,13 @@ from privdl.algorithms.aggregators import (
     build_aggregator,
     two_means_split,
 )
-from privdl.algorithms.federated import (
-    FederatedConfig,
-    FederatedDPSGD,
-    evaluate_clients,
-    flatten_tree,
-    split_train_test,
-)
+from privdl.algorithms.federated import evaluate_clients, flatten_tree, split_train_test
 from privdl.data.batching import stack_partitions
 from privdl.errors import ConfigError, PrivacyError
 from privdl.models import build_model
 from privdl.robust import RPCANotConvergedWarning
 from privdl.robust.table3 import update_variance
+from privdl.robust.trainer import FederatedConfig, FederatedDPSGD
 
 
 def _data(counts, *, d=6, classes=3, seed=0, dtype=torch.float64):
@@ -301,7 +296,7 @@ def test_round_keeps_tensors_on_the_data_device(agg) -> None:
 
 
 def test_communicator_size_must_match_clients() -> None:
-    from privdl.algorithms.federated import federated_communicator
+    from privdl.robust.trainer import federated_communicator
 
     cfg = FederatedConfig(batch_sizes=(2, 2), lr=0.1, rounds=1, sampling="full")
     _x, _y, data = _data([5, 9])
@@ -354,9 +349,9 @@ def test_bucketed_round_equals_one_bucket() -> None:
     counts, b, eps = [60, 40, 50, 45], (4, 16, 5, 12), (1.0, 2.0, 4.0, 3.0)
     cfg = FederatedConfig(batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5)
     fl, _, params, *_ = _trainer(counts, cfg)
-    assert len(fl._buckets) == 2
+    assert len(fl.oracle.buckets) == 2
     bucketed, _ = fl.step(fl.init(params, seed=5))
-    fl._buckets = [torch.arange(len(counts))]
+    fl.oracle.buckets = [torch.arange(len(counts))]
     single, _ = fl.step(fl.init(params, seed=5))
     for k in single.theta:
         torch.testing.assert_close(bucketed.theta[k], single.theta[k], rtol=1e-12, atol=1e-14)

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.porter import (
     Porter,
     beer,
@@ -78,7 +78,7 @@ def test_tracker_mean_equals_mean_noisy_gradient_every_step():
     """§8.1-8.3: mean v = mean g_p (noise included); x_bar runs noisy SGD; first step closed form."""
     task, (comm, _) = Quadratic(), _comm()
     alg = Porter(StepSize(0.05), 0.2, RandomK(k=2), ClipSpec("batch_mean", 1.0, "smooth"), 0.5)
-    state = alg.init(_x0(), seed=3)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(3))
     x0 = state.params["x"].clone()
     for t in range(25):
         xbar_prev = state.params["x"].mean(0)
@@ -100,7 +100,7 @@ def test_identity_compressor_is_gradient_tracking_on_regularised_mixing():
     task, (comm, w) = Quadratic(), _comm()
     gamma, eta, sigma, seed = 0.6, 0.05, 0.2, 11
     alg = Porter(StepSize(eta), gamma, Identity(), ClipSpec("batch_mean", 2.0, "hard"), sigma)
-    state = alg.init(_x0(), seed=seed)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(seed))
     # independent numpy implementation (rows = agents)
     w_hat = np.eye(N) + gamma * (w - np.eye(N))
     keys = node_noise_keys(range(N), seed=seed)
@@ -123,7 +123,7 @@ def test_stored_previous_noisy_gradient_is_reused():
     """G_p^{t-1} in (12) is the stored draw: v^{t+1} - v^t - gamma (W-I) q_v^{t+1} = g^{t+1} - g^t."""
     task, (comm, w) = Quadratic(), _comm()
     alg = Porter(StepSize(0.05), 0.3, RandomK(k=3), ClipSpec(), 1.0)
-    state = alg.init(_x0(), seed=5)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(5))
     state, info = alg.step(state, task.oracle, comm)
     g1 = info["g_p"]
     assert torch.equal(state.g_prev, g1)
@@ -146,7 +146,7 @@ def test_one_agent_porter_dp_is_dp_sgd_with_per_sample_smooth_clipping():
     comm = LocalCommunicator(MixingMatrix("one", sp.csr_matrix([[1.0]])))
     tau, eta, sigma, seed = 0.5, 0.3, 0.4, 9
     alg = porter_dp(step_size=eta, gamma=0.5, compressor=RandomK(k=1), tau=tau, sigma_p=sigma)
-    state = alg.init(task.init_params(seed=1), seed=seed)
+    state = alg.init(task.init_params(seed=1), task.oracle, comm, keys=Keys.from_seed(seed))
     x = task.init_params(seed=1)["x"][0].clone()
     keys = node_noise_keys(range(1), seed=seed)
     for t in range(10):
@@ -192,7 +192,7 @@ def test_porter_gc_with_inactive_hard_clip_and_porter_dp_without_noise_equal_bee
         beer(step_size=0.05, gamma=0.2, compressor=RandomK(k=3)),
         porter_gc(step_size=0.05, gamma=0.2, compressor=RandomK(k=3), tau=1e9, clip_kind="hard"),
     ):
-        state = alg.init(_x0(), seed=4)
+        state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(4))
         for _ in range(15):
             state, _ = alg.step(state, task.oracle, comm)
         runs.append(state.params["x"])
@@ -203,7 +203,7 @@ def test_deterministic_porter_reaches_consensus_and_stationarity():
     """§8.7: full gradients, random-k, small gamma: consensus error and ||grad f(x_bar)|| -> 0."""
     task, (comm, _) = Quadratic(noise=0.0), _comm()
     alg = beer(step_size=0.2, gamma=0.3, compressor=RandomK(k=4))
-    state = alg.init(_x0(), seed=0)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(0))
     first = float(task.full_grad_mean(state.params["x"].mean(0)).norm())
     for _ in range(600):
         state, _ = alg.step(state, task.oracle, comm)
@@ -230,7 +230,7 @@ def test_soteria_with_identity_compressor_is_averaged_noisy_sgd():
     comm, _ = _comm()
     eta, sigma, seed = 0.05, 0.3, 2
     alg = SoteriaFL(StepSize(eta), 0.37, Identity(), ClipSpec("batch_mean", 1.5, "hard"), sigma)
-    state = alg.init(_x0(), seed=seed)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(seed))
     keys = node_noise_keys(range(N), seed=seed)
     x = _x0()["x"][0].clone()
     for t in range(20):
@@ -248,7 +248,7 @@ def test_soteria_shift_invariant_with_compression():
     task, (comm, _) = Quadratic(), _comm()
     comp = RandomK(k=2)
     alg = SoteriaFL(StepSize(0.05), shift_step(omega=D / 2 - 1), comp, ClipSpec(), 0.1)
-    state = alg.init(_x0(), seed=0)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(0))
     for _ in range(10):
         state, info = alg.step(state, task.oracle, comm)
         torch.testing.assert_close(state.server_shift, state.shifts.mean(0), rtol=0, atol=1e-12)
@@ -305,18 +305,35 @@ def test_bad_options_raise_config_errors():
         Porter(StepSize(0.1), 0.5, Identity(), ClipSpec(), -1.0)
     alg = beer(step_size=0.1, gamma=0.5, compressor=Identity())
     with pytest.raises(ConfigError):
-        alg.init({"x": torch.randn(3, 4)}, seed=0)  # agents must share x_bar^(0)
+        # agents must share x_bar^(0)
+        alg.init({"x": torch.randn(3, 4)}, None, _comm(3)[0], keys=Keys.from_seed(0))
     with pytest.raises(ConfigError):
         shift_step(omega=-1.0)
 
 
+class _Holding(LocalCommunicator):
+    """The simulator's communicator as a process holding the agents ``held`` sees it at init."""
+
+    def __init__(self, held: list[int]) -> None:
+        super().__init__(_comm()[0].schedule, dtype=torch.float64)
+        self._held = torch.tensor(held)
+
+    @property
+    def owned(self) -> torch.Tensor:
+        return self._held
+
+    def shard(self, tree):
+        return {k: v[self._held] for k, v in tree.items()}
+
+
 def test_init_for_held_nodes_derives_their_global_keys_and_noise():
-    """Sharded init (``nodes=``): keys/noise of agent i do not depend on which rows are held."""
+    """Sharded init (a communicator holding some agents): keys/noise of agent i do not depend on
+    which rows are held."""
     task = Quadratic()
     alg = porter_dp(step_size=0.05, gamma=0.3, compressor=Identity(), tau=1.0, sigma_p=0.7)
-    full = alg.init(_x0(), seed=3)
+    full = alg.init(_x0(), task.oracle, _comm()[0], keys=Keys.from_seed(3))
     held = [1, 3, 4]
-    part = alg.init({"x": _x0()["x"][held]}, seed=3, nodes=held)
+    part = alg.init({"x": _x0()["x"][held]}, None, _Holding(held), keys=Keys.from_seed(3))
     assert full.nodes == tuple(range(N)) and part.nodes == tuple(held)
     assert part.noise_keys == tuple(node_noise_keys(held, seed=3))
     assert part.noise_keys == tuple(full.noise_keys[i] for i in held)
@@ -328,8 +345,8 @@ def test_init_for_held_nodes_derives_their_global_keys_and_noise():
     g_full, _ = alg.gradients(full, task.oracle, _comm()[0])
     g_part, _ = alg.gradients(part, oracle_rows, _comm()[0])
     torch.testing.assert_close(g_part, g_full[held], rtol=0, atol=0)
-    with pytest.raises(ConfigError, match="node ids"):
-        alg.init({"x": _x0()["x"][held]}, seed=3, nodes=[0, 1])
+    with pytest.raises(ConfigError, match="3 rows but the communicator owns 2 nodes"):
+        alg.init({"x": _x0()["x"][held]}, None, _Holding([0, 1]), keys=Keys.from_seed(3))
     with pytest.raises(ConfigError, match="noise keys"):  # keys of 3 agents, gradients of 5
         alg.gradients(part, lambda p, t, *, clip: task.oracle(_x0(), t, clip=clip), _comm()[0])
 
@@ -355,7 +372,7 @@ def test_step_compresses_v_and_x_on_their_own_channels():
     task, (comm, _) = Quadratic(), _comm()
     spy = _SpyCompressor(k=3)
     alg = porter_dp(step_size=0.05, gamma=0.2, compressor=spy, tau=1.0, sigma_p=0.1)
-    state = alg.init(_x0(), seed=6)
+    state = alg.init(_x0(), task.oracle, comm, keys=Keys.from_seed(6))
     for _ in range(3):
         state, _ = alg.step(state, task.oracle, comm)
     cpu = torch.device("cpu")
@@ -377,7 +394,7 @@ def test_one_agent_porter_gc_is_sgd_on_the_clipped_minibatch_mean():
     tau, eta = 0.3, 0.3
     alg = porter_gc(step_size=eta, gamma=0.5, compressor=Identity(), tau=tau)
     assert alg.clip.mode == "batch_mean" and alg.sigma_p == 0
-    state = alg.init(task.init_params(seed=1), seed=9)
+    state = alg.init(task.init_params(seed=1), task.oracle, comm, keys=Keys.from_seed(9))
     x = task.init_params(seed=1)["x"][0].clone()
     for t in range(10):
         state, _ = alg.step(state, task.oracle, comm)

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.privsgp import (
     LeastSquaresSamples,
     ModelSamples,
@@ -62,7 +62,7 @@ def test_push_sum_preserves_sums_t4(vr):
     oracle = ls_problem(n, j, d, seed=0)
     comm = LocalCommunicator(irregular_graph(), dtype=D64)
     alg = PrivSGP(StepSize(0.05), sigmas=[0.0, 0.1, 0.2, 0.3, 0.4], variance_reduction=vr)
-    state = alg.init(x0(n, d, distinct=True), oracle, seed=1)
+    state = alg.init(x0(n, d, distinct=True), oracle, comm, keys=Keys.from_seed(1))
     for _ in range(20):
         before = flatten(state.x).sum(0)
         z, mean = state.params, state.table_mean
@@ -91,7 +91,7 @@ def test_irregular_debiasing_t5():
     oracle = ls_problem(n, 3, d, seed=0)
     comm = LocalCommunicator(irregular_graph(), dtype=D64)
     alg = PrivSGP(StepSize(1e-300), variance_reduction=False)
-    state = alg.init(start, oracle, seed=0)
+    state = alg.init(start, oracle, comm, keys=Keys.from_seed(0))
     for _ in range(300):
         state, _ = alg.step(state, oracle, comm)
     assert torch.allclose(state.params["x"], target.expand(n, d), atol=1e-10)
@@ -103,7 +103,7 @@ def test_exponential_graph_keeps_w_one():
     oracle = ls_problem(n, 4, d, seed=2)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
     alg = PrivSGP(StepSize(0.1), sigmas=0.1)
-    state = alg.init(x0(n, d), oracle, seed=0)
+    state = alg.init(x0(n, d), oracle, comm, keys=Keys.from_seed(0))
     for _ in range(7):
         state, _ = alg.step(state, oracle, comm)
     assert torch.equal(state.w, torch.ones(n, dtype=D64))
@@ -114,8 +114,8 @@ def test_first_step_is_full_gradient_t6():
     oracle = ls_problem(n, j, d, seed=5)
     alg = PrivSGP(StepSize(1.0))
     start = x0(n, d)
-    state = alg.init(start, oracle, seed=0)
     comm = LocalCommunicator(MixingMatrix("id", sp.identity(n, format="csr")), dtype=D64)
+    state = alg.init(start, oracle, comm, keys=Keys.from_seed(0))
     new, _ = alg.step(state, oracle, comm)
     # slow oracle: full local gradient (1/J) sum_j (a_j^T x - b_j) a_j by a loop
     for i in range(n):
@@ -132,8 +132,8 @@ def test_saga_unbiased_and_bookkeeping_t7_t8():
     n, j, d = 3, 5, 4
     oracle = ls_problem(n, j, d, seed=7)
     alg = PrivSGP(StepSize(0.1), refresh_every=10**9)
-    state = alg.init(x0(n, d), oracle, seed=0)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
+    state = alg.init(x0(n, d), oracle, comm, keys=Keys.from_seed(0))
     for _ in range(6):  # move away from x^0 so table entries differ from fresh gradients
         state, _ = alg.step(state, oracle, comm)
     z, table, mean = state.params, state.table.clone(), state.table_mean  # step writes in place
@@ -182,8 +182,8 @@ def test_identical_data_sigma0_is_saga_t9_t10():
     ell = float(oracle.a[0].pow(2).sum(-1).max())
     gamma = 1.0 / (3 * ell)
     alg = PrivSGP(StepSize(gamma))
-    state = alg.init(x0(n, d), oracle, seed=0)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
+    state = alg.init(x0(n, d), oracle, comm, keys=Keys.from_seed(0))
     # identical xi across nodes: the "samples" of node 0 drive everyone
     import privdl.algorithms.privsgp as mod
 
@@ -213,7 +213,7 @@ def test_vr_beats_sgd_noise_floor():
     errs = {}
     for vr in (True, False):
         alg = PrivSGP(StepSize(gamma), variance_reduction=vr)
-        state = alg.init(x0(n, d), oracle, seed=0)
+        state = alg.init(x0(n, d), oracle, comm, keys=Keys.from_seed(0))
         for _ in range(3000):
             state, _ = alg.step(state, oracle, comm)
         errs[vr] = float((state.params["x"][0] - x_star).abs().max())
@@ -226,7 +226,7 @@ def test_noise_statistics_t12():
     comm = LocalCommunicator(MixingMatrix("id", sp.identity(n, format="csr")), dtype=D64)
     sig = [0.5, 1.0, 2.0]
     alg = PrivSGP(StepSize(1.0), sigmas=sig, variance_reduction=False)
-    state = alg.init({"x": torch.zeros(n, d, dtype=D64)}, oracle, seed=4)
+    state = alg.init({"x": torch.zeros(n, d, dtype=D64)}, oracle, comm, keys=Keys.from_seed(4))
     new, _ = alg.step(state, oracle, comm)
     var = new.x["x"].var(dim=1)
     assert torch.allclose(var, torch.tensor(sig, dtype=D64) ** 2, rtol=0.1)
@@ -264,9 +264,12 @@ def test_model_samples_match_slow_loop_and_block_mean():
 def test_table_memory_refusal():
     oracle = ls_problem(2, 10, 3, seed=0)
     alg = PrivSGP(StepSize(0.1), table_budget=10)
+    comm, keys = LocalCommunicator(ExponentialGraph(2), dtype=D64), Keys.from_seed(0)
     with pytest.raises(ConfigError, match="SAGA table needs"):
-        alg.init(x0(2, 3), oracle, seed=0)
-    PrivSGP(StepSize(0.1), table_budget=10, variance_reduction=False).init(x0(2, 3), oracle, seed=0)
+        alg.init(x0(2, 3), oracle, comm, keys=keys)
+    PrivSGP(StepSize(0.1), table_budget=10, variance_reduction=False).init(
+        x0(2, 3), oracle, comm, keys=keys
+    )
     with pytest.raises(PrivacyError):
         PrivSGP(StepSize(0.1), sigmas=-1.0)
 
@@ -451,7 +454,7 @@ def test_dp2sgd_step_matches_matrix_form(asynchronous, sigmas):
         comm = LocalCommunicator(mixing_matrix(ring(n), "decor"), dtype=D64)
     alg = DP2SGD(StepSize(0.1), sigmas=sigmas, asynchronous=asynchronous)
     sig = torch.as_tensor(sigmas, dtype=D64).reshape(-1, 1)
-    state = alg.init(x0(n, d, distinct=True), oracle, seed=2)
+    state = alg.init(x0(n, d, distinct=True), oracle, comm, keys=Keys.from_seed(2))
     for _ in range(3):
         x = state.params["x"]
         w = torch.as_tensor(comm.matrix(state.t).to_dense(), dtype=D64)
@@ -489,7 +492,7 @@ def _device_run(device: str, steps: int = 3) -> tuple[PrivSGP, object, list[floa
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # small kernels: 2 threads are ~10x slower on a shared machine
     try:
-        state = alg.init(params, oracle, seed=3)
+        state = alg.init(params, oracle, comm, keys=Keys.from_seed(3))
         losses = []
         for _ in range(steps):
             state, info = alg.step(state, oracle, comm)
@@ -545,7 +548,12 @@ def test_table_memory_paper_resnet18_and_full_preset():
     assert table_bytes(paper) == 16 * 5 * d * 4
     assert "16 nodes x 5 entries" in describe_table(paper)
     with pytest.raises(ConfigError, match=r"needs 3\.33 GiB .* budget is 2\.00 GiB"):
-        PrivSGP(StepSize(0.1)).init({"w": torch.zeros(16, 1)}, paper, seed=0)
+        PrivSGP(StepSize(0.1)).init(
+            {"w": torch.zeros(16, 1)},
+            paper,
+            LocalCommunicator(ExponentialGraph(16)),
+            keys=Keys.from_seed(0),
+        )
     full = load_preset("privsgp-cifar")["full"]
     mine = oracle_for(full["width"], full["block_size"], full["n_train"] // full["n"])
     assert table_bytes(mine) <= full["table_budget_gib"] * 2**30
@@ -563,7 +571,7 @@ def test_the_table_is_updated_in_place_and_a_stale_state_refused():
     oracle = ls_problem(n, j, d, seed=7)
     alg = PrivSGP(StepSize(0.1), sigmas=0.1)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=D64)
-    state = alg.init(x0(n, d), oracle, seed=0)
+    state = alg.init(x0(n, d), oracle, comm, keys=Keys.from_seed(0))
     state, _ = alg.step(state, oracle, comm)
     branch = dataclasses.replace(state, table=state.table.clone())
     new, _ = alg.step(state, oracle, comm)
@@ -602,7 +610,8 @@ def test_implemented_vr_step_stays_within_the_accounted_sensitivity():
         comm = LocalCommunicator(MixingMatrix("id", sp.identity(n, format="csr")), dtype=d64)
         alg = PrivSGP(StepSize(gam), sigmas=0.0, refresh_every=3)
         x0 = {"x": torch.randn(n, dim, generator=g, dtype=d64)}
-        s1, s2 = alg.init(x0, o1, seed=trial), alg.init(x0, o2, seed=trial)
+        keys = Keys.from_seed(trial)
+        s1, s2 = alg.init(x0, o1, comm, keys=keys), alg.init(x0, o2, comm, keys=keys)
         t2, m2 = s2.table, s2.table_mean
         for _ in range(30):
             st2 = dataclasses.replace(s1, table=t2, table_mean=m2)  # the same released x, w

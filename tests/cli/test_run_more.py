@@ -92,7 +92,7 @@ def test_usage_errors_are_one_line_naming_the_help(argv, capsys):
 
 
 def test_resume_from_the_cli(tmp_path, capsys):
-    from privdl.runner import train
+    from privdl.loop import train
 
     out = tmp_path / "p"
     cfg = {"algorithm": "porter-dp", "task": "least-squares", "graph": "ring:6", "steps": 20,
@@ -109,7 +109,7 @@ def test_resume_from_the_cli(tmp_path, capsys):
 def test_bad_resumes_and_outputs_are_one_line(tmp_path, capsys):
     """Options beside --resume (silently ignored before), --seeds under launch, --out naming a
     file, corrupt records: one line, exit 2, nothing written."""
-    from privdl.runner import train
+    from privdl.loop import train
 
     run = tmp_path / "run"
     cfg = {"algorithm": "ldp", "task": "least-squares", "graph": "ring:4", "steps": 4,
@@ -164,8 +164,8 @@ def test_seeds_repeat_a_run_and_report_mean_and_std(tmp_path, capsys):
 
 
 def test_resume_of_a_seed_sweep_continues_each_cut_off_run(tmp_path, capsys):
-    from privdl.config import make_config
-    from privdl.runner import train
+    from privdl.loop import train
+    from privdl.registry import make_config
 
     values = dict(algorithm="ldp", graph="ring:6", sigma=0.5, task="least-squares", steps=20,
                   eval_every=10, clip=1.0, dtype="float64")  # fmt: skip
@@ -180,19 +180,19 @@ def test_resume_of_a_sweep_cut_off_in_its_first_seed_runs_every_seed(tmp_path, c
     """Ctrl-C in seed 1 of ``--seeds 1-2``: --resume finishes seed 1 AND runs seed 2 (the seed
     list used to live only on the command line, so seed 2 was silently dropped), and every
     seed ends where the uninterrupted sweep's does."""
-    import privdl.runner
+    import privdl.loop
 
     argv = ["run", "ldp", "--graph", "ring:6", "--sigma", "0.5", *TINY, "--seeds", "1-2"]
     assert main([*argv, "--out", str(tmp_path / "full")]) == 0
-    real_train = privdl.runner.train
+    real_train = privdl.loop.train
 
     def cut(cfg, out_dir, **kw):
         real_train(cfg, out_dir, **{**kw, "stop_after": 10})
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(privdl.runner, "train", cut)
+    monkeypatch.setattr(privdl.loop, "train", cut)
     assert main([*argv, "--out", str(tmp_path / "cut")]) == 130
-    monkeypatch.setattr(privdl.runner, "train", real_train)
+    monkeypatch.setattr(privdl.loop, "train", real_train)
     assert not (tmp_path / "cut" / "seed-2").exists()
     capsys.readouterr()
     assert main(["run", "--resume", str(tmp_path / "cut"), "--no-progress"]) == 0
@@ -312,8 +312,8 @@ def test_an_option_and_set_for_the_same_key_are_refused(cmd, tmp_path, capsys):
 
 def test_decor_adversary_is_recorded_under_its_one_label():
     """``collusion:0`` ran labelled ``collusion:0``; it is the eavesdropper (parse_adversary)."""
-    from privdl.config import make_config
     from privdl.errors import ConfigError
+    from privdl.registry import make_config
 
     base = dict(algorithm="decor", task="least-squares", clip=1.0)
     assert make_config({**base, "adversary": "collusion:0"}).adversary == "eavesdropper"
@@ -367,12 +367,12 @@ def test_reproduce_refuses_a_directory_holding_another_reproduction(tmp_path, ca
 def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys, tmp_path):
     """An interrupted command (Ctrl-C) prints 'aborted' and exits 130, as shells expect; the run
     directory keeps what was written (resume continues it)."""
-    import privdl.runner
+    import privdl.loop
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(privdl.runner, "train", interrupted)
+    monkeypatch.setattr(privdl.loop, "train", interrupted)
     code = main(["run", "dsgd", "--task", "least-squares", "--graph", "ring:4", "--steps", "3",
                  "--out", str(tmp_path / "r")])  # fmt: skip
     err = capsys.readouterr().err

@@ -21,18 +21,17 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.cli.main import main as cli_main
 from privdl.comm.distributed import DistributedError, shard_ranges
 from privdl.comm.local import LocalCommunicator
-from privdl.distributed_runner import ShardOracle
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
+from privdl.loop import resume as sp_resume
+from privdl.loop import train as sp_train
 from privdl.records import RunRecords
-from privdl.runner import resume as sp_resume
-from privdl.runner import train as sp_train
 from privdl.tasks import LeastSquaresTask
 from privdl.topology import mixing_matrix, parse_graph
 from privdl.topology.mixing import MixingMatrix
@@ -54,7 +53,6 @@ def _comm_worker(rank: int, out: str) -> None:
         DistributedKeyTransport,
         init_from_env,
     )
-    from privdl.distributed_runner import init_shard_state
     from privdl.mechanisms.secrets import agree_edge_secrets
 
     init_from_env(timeout_s=30)
@@ -116,9 +114,9 @@ def _comm_worker(rank: int, out: str) -> None:
         ),
     }
     for name, algo in algos.items():
-        ref = algo.init(task.init_params(seed=1), seed=9)
-        st = init_shard_state(algo, comm.shard(task.init_params(seed=1)), comm=comm, seed=9)
-        oracle = ShardOracle(task, comm.owned)
+        ref = algo.init(task.init_params(seed=1), task.oracle, local, keys=Keys.from_seed(9))
+        oracle = task.oracle_for(comm.owned_list)
+        st = algo.init(comm.shard(task.init_params(seed=1)), oracle, comm, keys=Keys.from_seed(9))
         for _ in range(6):
             ref, _ = algo.step(ref, task.oracle, local)
             st, _ = algo.step(st, oracle, comm)
@@ -183,7 +181,7 @@ def test_shard_oracle_rows_equal_full_oracle():
     owned = torch.tensor([1, 2, 4])
     clip = ClipSpec(mode="per_sample", threshold=0.5)
     full = task.oracle(params, 7, clip=clip)
-    part = ShardOracle(task, owned)({k: v[owned] for k, v in params.items()}, 7, clip=clip)
+    part = task.oracle_for(owned.tolist())({k: v[owned] for k, v in params.items()}, 7, clip=clip)
     for k in full.grads:
         torch.testing.assert_close(part.grads[k], full.grads[k][owned], rtol=0, atol=1e-12)
     torch.testing.assert_close(part.loss, full.loss[owned], rtol=0, atol=1e-12)
@@ -434,8 +432,8 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     files = [torch.load(a / "keys" / f"rank-{r}.pt", weights_only=False) for r in range(2)]
     for r in range(2):
         assert (a / "keys" / f"rank-{r}.pt").stat().st_mode & 0o777 == 0o600
-        own = files[r]["keys"]["noise_keys"]
-        assert [i for i, k in enumerate(own) if k is not None] == files[r]["owned"]
+        own = files[r]["keys"]["noise_keys"]  # one key per node the rank owns, in its order
+        assert len(own) == len(files[r]["owned"]) and all(len(k) == 32 for k in own)
     e0, e1 = files[0]["keys"]["edge_keys"], files[1]["keys"]["edge_keys"]
     shared = [e for e in range(len(e0)) if e0[e] is not None and e1[e] is not None]
     assert shared and all(e0[e] == e1[e] for e in shared)  # the cut edges' secrets agree

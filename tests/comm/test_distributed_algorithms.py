@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from privdl.algorithms.aggregators import build_aggregator
-from privdl.algorithms.federated import FederatedConfig, FederatedDPSGD
+from privdl.algorithms.base import Keys
 from privdl.algorithms.porter import porter_dp, porter_gc
 from privdl.comm.local import LocalCommunicator
 from privdl.data.batching import stack_partitions
-from privdl.distributed_runner import ShardOracle, init_shard_state
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import QSGD, Identity, RandomK
 from privdl.models import build_model
 from privdl.robust import RPCANotConvergedWarning
+from privdl.robust.trainer import FederatedConfig, FederatedDPSGD
 from privdl.tasks import LeastSquaresTask
 from privdl.topology import mixing_matrix, parse_graph
 
@@ -90,9 +89,9 @@ def _worker(rank: int, out: str) -> None:
     # PORTER: 6 rounds on DECOR's least squares (the gradient clipped as the variant asks)
     task = LeastSquaresTask(n, dim=5, seed=2, dtype=D64)
     for name, algo in _porters().items():
-        ref = algo.init(task.init_params(seed=1), seed=9)
-        st = init_shard_state(algo, comm.shard(task.init_params(seed=1)), comm=comm, seed=9)
-        oracle = ShardOracle(task, rows)
+        ref = algo.init(task.init_params(seed=1), task.oracle, local, keys=Keys.from_seed(9))
+        oracle = task.oracle_for(rows.tolist())
+        st = algo.init(comm.shard(task.init_params(seed=1)), oracle, comm, keys=Keys.from_seed(9))
         for _ in range(STEPS):
             ref, _ = algo.step(ref, task.oracle, local)
             st, _ = algo.step(st, oracle, comm)
@@ -148,26 +147,29 @@ def test_porter_and_federated_rounds_match_simulator(tmp_path, world, run_ranks)
     assert sorted(seen) == list(range(7)), "the shards cover every node once"
 
 
-class _Recorder:
-    """An algorithm whose ``init`` takes an oracle and node ids (PrivSGP-VR's signature)."""
+class _Holding(LocalCommunicator):
+    """The simulator's communicator as a process holding the nodes ``held`` sees it at init."""
 
-    def init(self, params, oracle, *, seed, nodes):
-        return {"params": params, "oracle": oracle, "seed": seed, "nodes": nodes}
+    def __init__(self, schedule, held: list[int]) -> None:
+        super().__init__(schedule, dtype=D64)
+        self._held = torch.tensor(held)
+
+    @property
+    def owned(self) -> torch.Tensor:
+        return self._held
+
+    def shard(self, tree):
+        return {k: v[self._held] for k, v in tree.items()}
 
 
-def test_init_shard_state_passes_global_node_ids_and_oracle():
-    comm = SimpleNamespace(owned=torch.tensor([3, 4, 5]), n_nodes=7)
-    params = {"x": torch.zeros(3, 2)}
-    st = init_shard_state(_Recorder(), params, comm=comm, seed=4, oracle="o")  # type: ignore[arg-type]
-    assert st["nodes"] == [3, 4, 5] and st["oracle"] == "o" and st["seed"] == 4
-    assert st["params"] is params
-    with pytest.raises(ConfigError, match="oracle"):
-        init_shard_state(_Recorder(), params, comm=comm, seed=4)  # type: ignore[arg-type]
+def test_sharded_init_derives_the_global_nodes_keys():
+    w = mixing_matrix(parse_graph(GRAPH), "metropolis")
+    comm = _Holding(w, [3, 4, 5])
     algo = _porters()["porter_dp_randk"]
-    full = algo.init({"x": torch.ones(7, 5, dtype=D64)}, seed=9)
-    part = init_shard_state(algo, params | {"x": torch.ones(3, 5)}, comm=comm, seed=9)  # type: ignore[arg-type]
+    keys = Keys.from_seed(9)
+    full = algo.init({"x": torch.ones(7, 5, dtype=D64)}, None, LocalCommunicator(w), keys=keys)
+    part = algo.init({"x": torch.ones(3, 5)}, None, comm, keys=keys)
     assert part.noise_keys == full.noise_keys[3:6] and part.nodes == (3, 4, 5)
-    with pytest.raises(ConfigError, match="session_id"):  # never silently dropped
-        init_shard_state(algo, {"x": torch.ones(3, 5)}, comm=comm, seed=9, session_id="s")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="no distributed state"):
-        init_shard_state(object(), params, comm=comm, seed=1)  # type: ignore[arg-type]
+    # the session id is never silently dropped: it reaches the shard's keys
+    other = algo.init({"x": torch.ones(3, 5)}, None, comm, keys=Keys.from_seed(9, session_id="s"))
+    assert other.noise_keys != part.noise_keys

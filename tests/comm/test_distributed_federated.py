@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from privdl.cli.main import main as cli_main
-from privdl.runner import train as sp_train
+from privdl.loop import train as sp_train
 
 FLAGS = ["robust-hdp", "--task", "a9a", "--clients", "4", "--budgets", "1,2,4,8", "--clip", "1",
          "--lr", "0.05", "--steps", "6", "--eval-every", "2", "--dtype", "float64", "--seed", "3",
@@ -138,20 +138,20 @@ def test_missing_data_is_one_line_from_rank_0_and_no_run_directory(tmp_path, cap
 
 def _os_rank(rank: int, out: str) -> None:
     """A launched key_source=os rank whose own OS draw differs from every other rank's."""
-    import privdl.runner
+    import privdl.algorithms.base
     from privdl.distributed_runner import run_worker
 
-    privdl.runner.sampling_seed = lambda: 1000 + rank  # rank 0's draw must win everywhere
+    privdl.algorithms.base._os_seed = lambda: 1000 + rank  # rank 0's draw must win everywhere
     run_worker({**RUN, "key_source": "os"}, out, timeout_s=30, progress=False)
 
 
 def test_launched_os_key_source_shares_rank_0s_generator_seed(tmp_path, monkeypatch, run_ranks):
     """Every rank holds the same clients' generator: under key_source=os rank 0's OS draw is
     broadcast, so the launched run equals the single-process run seeded by that draw."""
-    import privdl.runner
+    import privdl.algorithms.base
 
     assert run_ranks(2, _os_rank, (str(tmp_path / "launched"),)) == [0, 0]
-    monkeypatch.setattr(privdl.runner, "sampling_seed", lambda: 1000)
+    monkeypatch.setattr(privdl.algorithms.base, "_os_seed", lambda: 1000)
     sp_train({**RUN, "key_source": "os"}, tmp_path / "single", progress=False)
     _assert_rows_close(_rows(tmp_path / "launched"), _rows(tmp_path / "single"))
     other = tmp_path / "seeded"

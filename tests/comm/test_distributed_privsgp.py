@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.privsgp import LeastSquaresSamples, ModelSamples, PrivSGP, flatten
 from privdl.comm.local import LocalCommunicator
 from privdl.topology import mixing_matrix, ring
@@ -77,9 +77,9 @@ def _worker(rank: int, out: str) -> None:
         local = LocalCommunicator(schedule, dtype=D64)
         comm = DistributedCommunicator(schedule, dtype=D64)
         owned = comm.owned.tolist()
-        ref = alg.init(params, oracle, seed=5)
+        ref = alg.init(params, oracle, local, keys=Keys.from_seed(5))
         shard_oracle = oracle.rows(owned)
-        st = alg.init(comm.shard(params), shard_oracle, seed=5, nodes=owned)
+        st = alg.init(comm.shard(params), shard_oracle, comm, keys=Keys.from_seed(5))
         for _ in range(STEPS):
             ref, _ = alg.step(ref, oracle, local)
             st, _ = alg.step(st, shard_oracle, comm)
@@ -120,6 +120,21 @@ def test_sharded_privsgp_matches_simulator(tmp_path, world, run_ranks):
         assert sorted(owned) == list(range(N)), name  # the shards cover every node once
 
 
+class _Holding(LocalCommunicator):
+    """The simulator's communicator as a process holding the nodes ``held`` sees it at init."""
+
+    def __init__(self, held: list[int]) -> None:
+        super().__init__(ExponentialGraph(N), dtype=D64)
+        self._held = torch.tensor(held)
+
+    @property
+    def owned(self) -> torch.Tensor:
+        return self._held
+
+    def shard(self, tree):
+        return {k: v[self._held] for k, v in tree.items()}
+
+
 def test_shard_init_refuses_mismatched_rows():
     from privdl.errors import ConfigError
 
@@ -127,6 +142,8 @@ def test_shard_init_refuses_mismatched_rows():
     x0 = {"x": torch.zeros(N, 3, dtype=D64)}
     alg = PrivSGP(StepSize(0.1))
     with pytest.raises(ConfigError, match="oracle.rows"):
-        alg.init({"x": x0["x"][:2]}, oracle, seed=0, nodes=[0, 1])
-    with pytest.raises(ConfigError, match="2 rows but 3 node ids"):
-        alg.init({"x": x0["x"][:2]}, oracle.rows([0, 1]), seed=0, nodes=[0, 1, 2])
+        alg.init({"x": x0["x"][:2]}, oracle, _Holding([0, 1]), keys=Keys.from_seed(0))
+    with pytest.raises(ConfigError, match="2 rows but the communicator owns 3 nodes"):
+        alg.init(
+            {"x": x0["x"][:2]}, oracle.rows([0, 1]), _Holding([0, 1, 2]), keys=Keys.from_seed(0)
+        )

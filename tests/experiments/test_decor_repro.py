@@ -174,11 +174,12 @@ def test_simulate_window_average_matches_manual_loop() -> None:
     )
     out = _simulate(values, window=5, metric=_ls_metric)
     # independent replay through the library's pieces, metric computed here in numpy
-    from privdl.config import make_config
-    from privdl.runner import build
+    from privdl.algorithms.base import Keys
+    from privdl.loop import build_run as build
+    from privdl.registry import make_config
 
     b = build(make_config(values))
-    st = b.algorithm.init(b.task.init_params(seed=3), seed=3)
+    st = b.algorithm.init(b.task.init_params(seed=3), b.task.oracle, b.comm, keys=Keys.from_seed(3))
     x_star = b.task.problem.x_star
     gaps = []
     for t in range(1, 13):
@@ -246,11 +247,10 @@ def test_quick_fig1c(tmp_path, shared_datasets) -> None:  # default run: its tas
 def test_accounted_decor_pair_is_the_first_feasible_grid_point(shared_datasets) -> None:
     """fig1c's accounted DECOR pair: accounted eps <= target, sigma_cor <= cap, and the grid
     point before it has no sigma_cor under the cap (the code's rule, with the composed RDP)."""
-    from privdl.config import make_config
     from privdl.errors import ConfigError
     from privdl.experiments.decor_mnist import _accounted_decor_pair
-    from privdl.privacy import calibrate
-    from privdl.runner import build
+    from privdl.loop import build_run as build
+    from privdl.registry import make_config, recipe_for
     from privdl.tasks import build_task
 
     base = dict(
@@ -276,7 +276,7 @@ def test_accounted_decor_pair_is_the_first_feasible_grid_point(shared_datasets) 
     assert 0 < c <= cap
     ldp = make_config(dict(base, algorithm="ldp", graph=spec, epsilon=eps))
     topo = parse_graph(spec)
-    s_ldp = calibrate(ldp, topo, build_task(ldp)).sigma
+    s_ldp = recipe_for(ldp).calibrate(ldp, topo, build_task(ldp)).sigma
     grid = np.linspace(s_ldp / 4.0, s_ldp, points)[1:]
     k = int(np.argmin(np.abs(grid - s)))
     assert grid[k] == pytest.approx(s, rel=1e-12) and k > 0

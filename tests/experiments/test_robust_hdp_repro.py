@@ -183,8 +183,8 @@ def test_resume_continues_a_cut_off_run_bit_for_bit(tmp_path, monkeypatch) -> No
     """Cut a run mid-cell, resume it: the same numbers as an uninterrupted run, with the
     finished work kept (the checkpoint holds Robust-HDP's frozen RPCA estimates too)."""
     import privdl.experiments.robust_hdp as rh
-    from privdl.algorithms.federated import FederatedDPSGD
     from privdl.errors import ConfigError
+    from privdl.robust.trainer import FederatedDPSGD
 
     rep = get("robust-hdp-cifar10")
     opts = dict(quick=True, device="cpu", overrides={"methods": "robust-hdp,weiavg", "rounds": "4"})

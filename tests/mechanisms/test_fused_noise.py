@@ -119,7 +119,7 @@ def test_rows_of_a_subset_equal_the_full_rows_bitwise_and_steps_differ() -> None
 
 @pytest.mark.skipif(not CUDA, reason="the dispatch serves CUDA tensors only")
 def test_decor_and_dsgd_steps_use_it_and_keep_their_trajectories(monkeypatch) -> None:
-    from privdl.algorithms.base import StepSize
+    from privdl.algorithms.base import Keys, StepSize
     from privdl.algorithms.decor import Decor
     from privdl.algorithms.dsgd import DSGD
     from privdl.comm.local import LocalCommunicator
@@ -142,7 +142,7 @@ def test_decor_and_dsgd_steps_use_it_and_keep_their_trajectories(monkeypatch) ->
         monkeypatch.setattr(
             correlated, "fused_available", lambda *a: fused and fused_noise.fused_available(*a)
         )
-        st = alg.init(dict(params), seed=1)
+        st = alg.init(dict(params), oracle, comm, keys=Keys.from_seed(1))
         for _ in range(3):
             st, _ = alg.step(st, oracle, comm)
         return st.params

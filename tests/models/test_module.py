@@ -133,8 +133,8 @@ def test_a_module_named_in_the_config_trains_records_and_resumes(user_dir):
     full = privdl.train(out=user_dir / "full", progress=False, **opts)
     assert full["config"]["model"] == "usernet_a9a:Net"
     assert full["final"]["accuracy"] > 0.7  # a9a's majority class is 0.76; it learns
-    from privdl.config import make_config
-    from privdl.runner import train as train_config
+    from privdl.loop import train as train_config
+    from privdl.registry import make_config
 
     train_config(make_config(opts), user_dir / "part", progress=False, stop_after=10)
     resumed = privdl.resume(user_dir / "part", progress=False)

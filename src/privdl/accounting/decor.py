@@ -25,7 +25,13 @@ import networkx as nx
 import numpy as np
 
 from privdl.accounting.budget import PrivacyBudget
-from privdl.accounting.conversion import CONVERSIONS, check_delta, compose_convert
+from privdl.accounting.conversion import (
+    CONVERSIONS,
+    UNSAMPLED_CAP_NOTE,
+    cap_by_unsampled,
+    check_delta,
+    compose_convert,
+)
 from privdl.accounting.dpsgd import classic_from_curve, event_epsilon, wang_fixed_size_rdp
 from privdl.accounting.events import DecorStepEvent
 from privdl.accounting.secrdp import (
@@ -75,26 +81,6 @@ class DecorAccount:
             "budget": self.budget.to_dict(),
             "label": self.budget.label(),
         }
-
-
-#: What an example-level record's notes add when :func:`cap_by_unsampled` decided its epsilon.
-UNSAMPLED_CAP_NOTE = "; capped by the unsampled mechanism's classic conversion (tighter here)"
-
-
-def cap_by_unsampled(
-    epsilon: float, step_rdp: float, *, steps: int, delta: float
-) -> tuple[float, bool]:
-    """``min(epsilon, eps_unsampled)`` and whether the cap binds, for example-level accounting.
-
-    Subsampling never hurts: the sampled step is a mixture of unsampled steps on batches that
-    differ in at most one example (per-step sensitivity 2C/b, slope ``step_rdp``), and Renyi
-    divergence is jointly quasi-convex, so the T-fold unsampled mechanism's (eps, delta)
-    (Mironov 2017, Prop. 1 + Prop. 3, at the optimal continuous order) holds as well. At tiny
-    noise that bound is the tighter one: a subsampled accountant's finite order grid cannot
-    reach the optimal order near 1 (example-level epsilon would exceed user-level at b = 1).
-    """
-    unsampled = compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic")
-    return (unsampled, True) if unsampled < epsilon else (epsilon, False)
 
 
 def account_decor(

@@ -20,17 +20,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, log_ndtr, logsumexp
 
 from privdl.accounting.budget import PrivacyBudget
-from privdl.accounting.conversion import check_delta
-from privdl.accounting.dpsgd import dpsgd_budget
-from privdl.errors import PrivacyError
-
-#: RDP orders of the Robust-HDP reference code (TF-privacy style).
-ROBUST_HDP_ORDERS: tuple[float, ...] = tuple(
-    [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 65))
+from privdl.accounting.conversion import (
+    UNSAMPLED_CAP_NOTE,
+    cap_by_unsampled,
+    check_delta,
+    compose_convert,
+    step_rdp_for_epsilon,
 )
+from privdl.accounting.dpsgd import calibrate_noise_multiplier, dpsgd_budget
+from privdl.accounting.poisson_rdp import ROBUST_HDP_ORDERS, rdp_poisson_subsampled_gaussian
+from privdl.errors import PrivacyError
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,6 @@ def privsgp_vr_budget(
     """What ``privdl run privsgp-vr`` certifies after ``steps`` steps at noise ``sigma``: K
     Gaussian steps of sensitivity :func:`privsgp_vr_sensitivity`, no subsampling amplification,
     classic RDP conversion (replace-one, example level, threat model ldp)."""
-    from privdl.accounting.conversion import compose_convert
-
     sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
     rho = sens * sens / (2.0 * sigma * sigma)
     eps = 0.0 if steps == 0 else compose_convert(rho, steps=int(steps), delta=delta)
@@ -197,8 +196,6 @@ def privsgp_accounted_sigma(
     sensitivity :func:`privsgp_vr_sensitivity`, classic RDP conversion. PrivSGP: one entry of J
     drawn without replacement per step, sensitivity ``2C/B``, subsampled RDP (Wang et al. 2019).
     """
-    from privdl.accounting.conversion import step_rdp_for_epsilon
-
     if variance_reduction:
         sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
         rho = step_rdp_for_epsilon(epsilon, steps=int(steps), delta=delta)
@@ -305,8 +302,6 @@ def one_of_m_sigma(
     """sigma for ``epsilon`` when each step draws 1 of ``m`` entries without replacement and a
     replaced entry moves the noised vector by ``2 bound`` (replace-one; dp-accounting's RDP of
     the sampled-without-replacement Gaussian, T steps): ``2 bound z``."""
-    from privdl.accounting.dpsgd import calibrate_noise_multiplier
-
     z = calibrate_noise_multiplier(
         target_epsilon=epsilon,
         sampling_rate=1.0 / m,
@@ -381,8 +376,6 @@ def porter_plan(
         threat_model="ldp",
     )
     values["noise_multiplier_replace_one"] = z / 2.0
-    from privdl.accounting.decor import UNSAMPLED_CAP_NOTE, cap_by_unsampled
-
     # as the run's records: never above T unsampled steps (slope 1/(2 z_r^2)), which at small
     # noise is the tighter bound (1 of m is a mixture of unsampled steps)
     eps, capped = cap_by_unsampled(
@@ -412,97 +405,9 @@ def porter_plan(
 
 
 # --------------------------------------------------------------------------- Robust-HDP
-# One implementation of the reference code's accountant serves the nominal z_i (robust_hdp_plan)
-# and the Table 3 closed form (privdl.robust.table3): the RDP of the Poisson-subsampled Gaussian
-# (Mironov, Talwar & Zhang 2019), vectorised over (q, z) pairs and orders.
-_FRAC_TERMS = (48, 512)  # series lengths tried for fractional orders; a live tail gives inf
-_FRAC_RELIABLE = 1e-11  # below this, a fractional order's series value is rounding noise
-
-
-def _rdp_integer(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """log A_a / (a - 1) for integer a: A_a = sum_k C(a,k) (1-q)^(a-k) q^k exp((k^2-k)/(2z^2)).
-
-    Computed as log1p(A_a - 1) with A_a - 1 = sum_{k >= 2} Binom(a, q)(k) expm1((k^2-k)/(2z^2)),
-    a sum of non-negative terms (the binomial weights sum to one): full relative precision even
-    when A_a - 1 is below rounding of A_a (tiny q/z), where log(sum) gives noise, zero or a
-    negative value (and an epsilon of 0 downstream).
-    """
-    k = np.arange(int(orders.max()) + 1)[None, None, :]
-    a = orders[None, :, None]
-    qq, zz = q[:, None, None], z[:, None, None]
-    valid = (k <= a) & (k >= 2)
-    x = (k * k - k) / (2 * zz**2)
-    with np.errstate(divide="ignore"):  # k < 2 and underflowed exponents drop out as -inf
-        log_expm1 = np.where(x > 20.0, x + np.log1p(-np.exp(-np.minimum(x, 700.0))), 0.0)
-        log_expm1 = np.where(x > 20.0, log_expm1, np.log(np.expm1(np.minimum(x, 20.0))))
-    log_term = (
-        gammaln(a + 1) - gammaln(k + 1) - gammaln(np.where(valid, a - k, 0) + 1)
-        + k * np.log(qq) + (a - k) * np.log1p(-qq) + log_expm1
-    )  # fmt: skip
-    log_a_minus_1 = logsumexp(np.where(valid, log_term, -np.inf), axis=2)
-    return np.logaddexp(0.0, log_a_minus_1) / (orders[None, :] - 1)
-
-
-def _rdp_fractional(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """Fractional orders via the two-sided series of Mironov, Talwar & Zhang (2019), Sec. 3.3.
-
-    Summed to a short length first; (q, z) pairs whose tail is not negligible are redone longer.
-    """
-    out = _rdp_fractional_terms(q, z, orders, _FRAC_TERMS[0])
-    redo = ~np.isfinite(out).all(axis=1)
-    if redo.any():
-        out[redo] = _rdp_fractional_terms(q[redo], z[redo], orders, _FRAC_TERMS[1])
-    return out
-
-
-def _rdp_fractional_terms(
-    q: np.ndarray, z: np.ndarray, orders: np.ndarray, terms: int
-) -> np.ndarray:
-    i = np.arange(terms)[None, None, :].astype(float)
-    a = orders[None, :, None]
-    qq, zz = q[:, None, None], z[:, None, None]
-    z0 = zz**2 * np.log(1 / qq - 1) + 0.5
-    j = a - i
-    log_coef = gammaln(a + 1) - gammaln(i + 1) - gammaln(j + 1)  # log |C(a, i)|
-    log_s0 = (
-        log_coef + i * np.log(qq) + j * np.log1p(-qq) + (i * i - i) / (2 * zz**2)
-        + log_ndtr((z0 - i) / zz)
-    )  # fmt: skip
-    log_s1 = (
-        log_coef + j * np.log(qq) + i * np.log1p(-qq) + (j * j - j) / (2 * zz**2)
-        + log_ndtr((j - z0) / zz)
-    )  # fmt: skip
-    total = np.logaddexp(logsumexp(log_s0, axis=2), logsumexp(log_s1, axis=2))
-    tail = np.maximum(log_s0[..., -1], log_s1[..., -1])
-    out = total / (orders[None, :] - 1)
-    return np.where(tail < total - 30, out, np.inf)
-
-
-def rdp_poisson_subsampled_gaussian(
-    q: float | np.ndarray, z: float | np.ndarray, orders: Sequence[float] = ROBUST_HDP_ORDERS
-) -> np.ndarray:
-    """RDP of ONE step of the Poisson-subsampled Gaussian mechanism, shape ``(len(q), len(orders))``.
-
-    ``q`` (sampling rate in (0, 1)) and ``z`` (noise multiplier) broadcast together.
-    """
-    q_arr, z_arr = np.broadcast_arrays(np.atleast_1d(np.asarray(q, float)), np.atleast_1d(z))
-    q_arr, z_arr = q_arr.astype(float), z_arr.astype(float)
-    if np.any((q_arr <= 0) | (q_arr >= 1)) or np.any(z_arr <= 0):
-        raise PrivacyError("need sampling rate q in (0, 1) and noise multiplier z > 0")
-    orders_arr = np.asarray(orders, float)
-    out = np.empty((q_arr.size, orders_arr.size))
-    is_int = orders_arr == np.round(orders_arr)
-    if is_int.any():
-        out[:, is_int] = _rdp_integer(q_arr, z_arr, orders_arr[is_int])
-    if (~is_int).any():
-        frac = orders_arr[~is_int]
-        values = _rdp_fractional(q_arr, z_arr, frac)
-        # the signed series has absolute rounding error ~1e-16: a value near that level (or
-        # negative) says nothing, so the next integer order's value, an upper bound (RDP is
-        # non-decreasing in the order), takes its place
-        ceil = _rdp_integer(q_arr, z_arr, np.ceil(frac))
-        out[:, ~is_int] = np.where(values > _FRAC_RELIABLE, values, ceil)
-    return out
+# The reference code's accountant: the Poisson-subsampled Gaussian's RDP at its orders
+# (privdl.accounting.poisson_rdp) and the classic conversion below. One implementation serves the
+# nominal z_i (robust_hdp_plan) and the Table 3 closed form (privdl.robust.table3).
 
 
 def epsilon_from_rdp(

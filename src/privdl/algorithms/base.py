@@ -1,21 +1,144 @@
-"""Shared pieces of the decentralized algorithms: step-size schedules, gradient oracles, trees."""
+"""The algorithm protocol every privdl algorithm follows, and the pieces they share.
+
+An algorithm is a frozen description of one method (its step sizes, clipping, noise levels) with
+two pure-ish functions (DESIGN.md, "Algorithm"; optax's ``init``/``update``)::
+
+    state = algorithm.init(params, oracle, comm, keys=keys)
+    state, info = algorithm.step(state, oracle, comm)
+
+* ``params``: the initial models of the nodes this process owns, node-stacked (``(k, ...)``
+  leaves, rows in the order of ``comm.owned``);
+* ``oracle``: the task's view of the owned nodes' data (gradients at step ``t``; PrivSGP's table
+  entries; the clients' local data) — the algorithm owns no data;
+* ``comm``: the only way to talk to other nodes (:class:`~privdl.comm.base.Communicator`); an
+  algorithm never asks which communicator it has;
+* ``keys``: where every random draw comes from (:class:`Keys`), so a run is a function of its
+  seed (a simulation) or of OS secrets (a deployment), and a resumed run draws what it would have.
+
+The state is an explicit dataclass holding the step counter ``t`` and the models ``params`` (the
+owned rows; a server's model as one row); everything else it holds is checkpointed by the loop.
+No algorithm calibrates noise or accounts privacy: its recipe does (:mod:`privdl.recipes`).
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from privdl.comm.base import Tree
+from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
+from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
+from privdl.optim import OptState
+from privdl.tree import Tree, consensus_distance, sq_norm_per_node, tree_map
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmState",
+    "GradientOracle",
+    "Keys",
+    "StepInfo",
+    "StepSize",
+    "consensus_distance",
+    "in_background",
+    "tree_map",
+    "tree_sq_norm_per_node",
+]
 
 T = TypeVar("T")
+S = TypeVar("S", bound="AlgorithmState")
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+#: What a step reports besides the new state (``loss`` per node at least; the recipes read
+#: family-specific entries, e.g. a server's aggregation ``weights``).
+StepInfo = dict[str, Any]
+
+tree_sq_norm_per_node = sq_norm_per_node
+
+
+@runtime_checkable
+class AlgorithmState(Protocol):
+    """What the loop reads of any algorithm's state: the step counter and the owned models."""
+
+    t: int
+
+    @property
+    def params(self) -> Tree: ...
+
+
+@runtime_checkable
+class Algorithm(Protocol[S]):
+    """The one protocol of privdl's algorithms (module docstring)."""
+
+    def init(self, params: Tree, oracle: Any, comm: Communicator, *, keys: Keys) -> S: ...
+
+    def step(self, state: S, oracle: Any, comm: Communicator) -> tuple[S, StepInfo]: ...
+
+
+def _os_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Where an algorithm's randomness comes from: explicit, as a PRNG key in optax.
+
+    Three kinds of randomness, kept apart because only two of them must be secret:
+
+    * ``seed`` — public randomness: initial models, compression masks, random matchings;
+    * the **stream keys** of the privacy noise (each node's key, DECOR's per-edge secrets from
+      X25519 + HKDF; :mod:`privdl.mechanisms.secrets`);
+    * ``sampling_seed`` — which examples a minibatch draws (subsampling amplification assumes
+      the adversary does not know it).
+
+    ``source="seed"``: the keys are derived from ``seed`` and ``sampling_seed = seed`` (a
+    reproducible simulation: whoever knows the seed can rebuild the noise, as Opacus without
+    ``secure_mode``). ``source="os"``: keys and sampling seed from the operating system; the loop
+    keeps them with the checkpoint (one process) or in each rank's key file (several).
+    """
+
+    seed: int = 0
+    source: Literal["seed", "os"] = "seed"
+    sampling_seed: int = 0
+    session_id: str = ""
+
+    @classmethod
+    def from_seed(cls, seed: int, *, session_id: str = "") -> Keys:
+        """Everything derived from ``seed`` (a reproducible simulation)."""
+        return cls(int(seed), "seed", int(seed), session_id)
+
+    @classmethod
+    def from_os(cls, seed: int, *, sampling_seed: int | None = None) -> Keys:
+        """Stream keys and (unless given) the sampling seed from OS randomness; ``seed`` still
+        draws the public randomness."""
+        return cls(int(seed), "os", _os_seed() if sampling_seed is None else int(sampling_seed))
+
+    @property
+    def secret_seed(self) -> int | None:
+        """The seed the stream keys derive from (None: OS randomness)."""
+        return self.seed if self.source == "seed" else None
+
+    def node_noise_keys(self, nodes: Iterable[int]) -> tuple[bytes, ...]:
+        """One private 32-byte stream key per node in ``nodes`` (global ids), in that order."""
+        return tuple(node_noise_keys(nodes, seed=self.secret_seed, session_id=self.session_id))
+
+    def edge_keys(self, edges: Any, n_nodes: int, comm: Communicator) -> tuple[bytes | None, ...]:
+        """DECOR's per-edge secrets for the edges incident to the owned nodes (None elsewhere),
+        agreed by X25519 over ``comm.key_transport`` (only public keys cross it)."""
+        secrets = agree_edge_secrets(
+            edges,
+            n_nodes,
+            transport=comm.key_transport(edges),
+            nodes=comm.owned_list,
+            seed=self.secret_seed,
+            session_id=self.session_id,
+        )
+        return tuple(secrets.edge_keys())
 
 
 def in_background(fn: Callable[[], T], *, device: torch.device) -> Callable[[], T]:
@@ -40,7 +163,7 @@ class StepSize:
     """Step size ``eta_t = lr / (1 + t / decay)`` (``decay=None``: constant ``lr``).
 
     The DECOR reference code decays ``lr0/(1 + t/5000)`` in its NN and a9a runs without saying so
-    in the paper (spec §7.14); here the schedule is always explicit.
+    in the paper (DECOR Section 6 and its code); here the schedule is always explicit.
     """
 
     lr: float
@@ -57,30 +180,55 @@ class StepSize:
 
 
 class GradientOracle(Protocol):
-    """What an algorithm asks of a task: clipped per-node gradients at step ``t``.
+    """What a first-order algorithm asks of a task: clipped per-node gradients at step ``t``.
 
-    The oracle samples its own minibatch for step ``t`` from a generator keyed by ``t`` (so a
-    resumed run sees the same batches) and applies the clipping the algorithm asks for.
+    The oracle samples its own minibatch for step ``t`` from a generator keyed by
+    ``(sampling seed, t)`` (so a resumed run sees the same batches) for the nodes it holds, and
+    applies the clipping the algorithm asks for.
     """
 
-    def __call__(self, params: Tree, t: int, *, clip) -> object:  # returns engine.GradResult
+    def __call__(self, params: Tree, t: int, *, clip: Any) -> Any:  # -> engine.GradResult
         ...
 
 
-def tree_map(fn: Callable[..., torch.Tensor], *trees: Tree) -> Tree:
-    """Apply ``fn`` leaf-wise to trees with identical keys."""
-    return {k: fn(*(tr[k] for tr in trees)) for k in trees[0]}
+def optimizer_buffers(optimizer: Any, params: Tree) -> dict[str, torch.Tensor]:
+    """A fresh optimizer state of every held node, flat (``"momentum/<leaf>"``), for a state
+    dataclass field (checkpointed with the other node-stacked tensors); {} for plain SGD."""
+    if optimizer is None:
+        return {}
+    return _flat(optimizer.init(params).buffers)
 
 
-def tree_sq_norm_per_node(tree: Tree) -> torch.Tensor:
-    """Per-node squared L2 norm over every leaf (shape ``(n,)``)."""
-    return sum(v.reshape(v.shape[0], -1).pow(2).sum(dim=1) for v in tree.values())
+def optimizer_step(
+    optimizer: Any,
+    update: Tree,
+    buffers: dict[str, torch.Tensor],
+    params: Tree,
+    *,
+    t: int,
+    lr: float,
+) -> tuple[Tree, dict[str, torch.Tensor]]:
+    """``params + delta`` of ``optimizer`` (its state: ``buffers`` after ``t`` updates) applied
+    to the privatized ``update`` (:mod:`privdl.optim`), and the new buffers."""
+    nested: dict[str, Tree] = {}
+    for key, v in buffers.items():
+        name, _, leaf = key.partition("/")
+        nested.setdefault(name, {})[leaf] = v
+    delta, new = optimizer.update(update, OptState(t, nested), params, lr=lr)
+    return {k: params[k] + delta[k] for k in params}, _flat(new.buffers)
 
 
-def consensus_distance(tree: Tree) -> float:
-    """``(1/n) sum_i ||x_i - xbar||^2`` over all leaves."""
-    total = 0.0
-    for v in tree.values():
-        flat = v.reshape(v.shape[0], -1)
-        total += float((flat - flat.mean(dim=0, keepdim=True)).pow(2).sum(dim=1).mean())
-    return total
+def _flat(buffers: Any) -> dict[str, torch.Tensor]:
+    return {f"{name}/{leaf}": v for name, tree in buffers.items() for leaf, v in tree.items()}
+
+
+def held_nodes(comm: Communicator, params: Tree) -> tuple[int, ...]:
+    """The global ids of the rows of ``params`` (``comm.owned``), checked against its rows."""
+    nodes = tuple(comm.owned_list)
+    rows = next(iter(params.values())).shape[0]
+    if rows != len(nodes):
+        raise ConfigError(
+            f"params have {rows} rows but the communicator owns {len(nodes)} nodes: pass "
+            "comm.shard(params)"
+        )
+    return nodes

@@ -18,24 +18,37 @@ keys and model messages ever cross the communicator.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
-from privdl.algorithms.base import StepSize, in_background
-from privdl.algorithms.dsgd import unflatten
-from privdl.comm.base import Communicator, Tree
+from privdl.algorithms.base import (
+    Keys,
+    StepInfo,
+    StepSize,
+    held_nodes,
+    in_background,
+    optimizer_buffers,
+    optimizer_step,
+)
+from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
+from privdl.mechanisms.correlated import decor_noise
+from privdl.tree import Tree, unflatten
 
 
 @dataclass
 class DecorState:
-    """Stacked parameters, step counter, and the stream keys (edge secrets, node noise keys)."""
+    """Stacked parameters, step counter, and the stream keys: the edge secrets (one per edge,
+    None for edges no owned node is on) and each held row's noise key."""
 
     params: Tree
     t: int = 0
     edge_keys: tuple[bytes | None, ...] = field(default=(), repr=False)
     noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    #: the optimizer's per-node state (e.g. ``momentum/<leaf>``); empty for plain SGD
+    opt: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,8 @@ class Decor:
     """DECOR with clipping ``clip``, independent noise ``sigma_cdp`` and correlated ``sigma_cor``.
 
     ``edges`` is the ``(|E|, 2)`` edge array (``u < v``) of the communication graph.
-    ``sigma_cor = 0`` gives the LDP baseline exactly (no correlated stream is drawn).
+    ``sigma_cor = 0`` gives the LDP baseline exactly (no correlated stream is drawn), and with
+    ``sigma_cdp = 0`` too, D-SGD (:func:`privdl.algorithms.dsgd.DSGD`).
     """
 
     step_size: StepSize
@@ -54,29 +68,32 @@ class Decor:
     sigma_cor: float = 0.0
     weight_decay: float = 0.0
     noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    #: an optimizer of :mod:`privdl.optim` applied per node to the privatized gradient (None:
+    #: plain SGD, ``x - eta (g + noise)`` with the decoupled ``weight_decay`` above)
+    optimizer: Any = None
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
             raise ConfigError("sigma_cdp and sigma_cor must be >= 0")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
 
-    def init(self, params: Tree, *, seed: int | None, session_id: str = "") -> DecorState:
-        """Agree the per-edge secrets (X25519 + HKDF, locally) and derive the node noise keys.
+    def init(self, params: Tree, oracle: object, comm: Communicator, *, keys: Keys) -> DecorState:
+        """Agree the per-edge secrets (X25519 + HKDF over ``comm.key_transport``: only public
+        keys travel) and derive the owned nodes' noise keys (paper Section 2, the setup round).
 
-        ``seed=None`` uses OS randomness for the key pairs (deployment); a seed makes the
-        simulation reproducible (insecure, see :func:`privdl.mechanisms.agree_edge_secrets`).
+        ``keys`` from the OS is a deployment; from a seed, a reproducible simulation (insecure,
+        see :func:`privdl.mechanisms.agree_edge_secrets`).
         """
-        from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
-
+        nodes = held_nodes(comm, params)
         edge_keys: tuple[bytes | None, ...] = ()
         if self.sigma_cor > 0:
-            secrets = agree_edge_secrets(self.edges, self.n_nodes, seed=seed, session_id=session_id)
-            edge_keys = tuple(secrets.edge_keys())
-        noise_keys = tuple(node_noise_keys(range(self.n_nodes), seed=seed, session_id=session_id))
-        return DecorState(params=params, t=0, edge_keys=edge_keys, noise_keys=noise_keys)
+            edge_keys = keys.edge_keys(self.edges, self.n_nodes, comm)
+        noise_keys = keys.node_noise_keys(nodes) if self.sigma_cdp > 0 else ()
+        opt = optimizer_buffers(self.optimizer, params)
+        return DecorState(params, 0, edge_keys=edge_keys, noise_keys=noise_keys, opt=opt)
 
-    def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, dict]:
-        from privdl.mechanisms.correlated import decor_noise
-
+    def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, StepInfo]:
         t = state.t
         eta = self.step_size(t)
         first = next(iter(state.params.values()))
@@ -88,7 +105,7 @@ class Decor:
                 state.edge_keys,
                 self.edges,
                 self.n_nodes,
-                [state.noise_keys[i] for i in owned],
+                list(state.noise_keys),
                 t,
                 size,
                 sigma_cor=self.sigma_cor,
@@ -108,6 +125,10 @@ class Decor:
             noise = unflatten(flat, grads)
             added = torch._foreach_add(list(grads.values()), [noise[k] for k in grads])
             grads = dict(zip(grads, added, strict=True))  # one launch on CUDA
-        decay = 1.0 - eta * self.weight_decay
-        half = {k: decay * state.params[k] - eta * grads[k] for k in grads}
-        return replace(state, params=comm.mix(half, t), t=t + 1), {"loss": res.loss}
+        opt = state.opt
+        if self.optimizer is None:
+            decay = 1.0 - eta * self.weight_decay
+            half = {k: decay * state.params[k] - eta * grads[k] for k in grads}
+        else:  # post-processing of the privatized gradient: the accounting is unchanged
+            half, opt = optimizer_step(self.optimizer, grads, opt, state.params, t=t, lr=eta)
+        return replace(state, params=comm.mix(half, t), t=t + 1, opt=opt), {"loss": res.loss}

@@ -31,11 +31,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from privdl.algorithms.base import StepSize
-from privdl.algorithms.privsgp import SampleOracle, _sample_index, flatten, unflatten_like
-from privdl.comm.base import Communicator, Tree
+from privdl.algorithms.base import Keys, StepInfo, StepSize, held_nodes
+from privdl.algorithms.privsgp import SampleOracle, _sample_index
+from privdl.comm.base import Communicator
 from privdl.errors import GraphError, PrivacyError
+from privdl.mechanisms.correlated import independent_noise
 from privdl.topology.mixing import MixingMatrix
+from privdl.tree import Tree, flatten
+from privdl.tree import unflatten as unflatten_like
 
 
 @dataclass
@@ -92,17 +95,19 @@ class DP2SGD:
     def name(self) -> str:
         return "A(DP)2SGD" if self.asynchronous else "DP2-SGD"
 
-    def init(self, params: Tree, oracle: SampleOracle, *, seed: int) -> GossipState:
-        from privdl.mechanisms.secrets import node_noise_keys
-
-        n = next(iter(params.values())).shape[0]
-        return GossipState(dict(params), 0, seed, tuple(node_noise_keys(range(n), seed=seed)))
+    def init(
+        self, params: Tree, oracle: SampleOracle, comm: Communicator, *, keys: Keys
+    ) -> GossipState:
+        """``x^0``, the sampling seed of the entries ``xi`` and a noise key per node (one process:
+        the matchings of A(DP)2SGD are global)."""
+        nodes = held_nodes(comm, params)
+        if len(nodes) != comm.n_nodes:
+            raise PrivacyError(f"{self.name} runs in one process (its matchings are global)")
+        return GossipState(dict(params), 0, keys.sampling_seed, keys.node_noise_keys(nodes))
 
     def step(
         self, state: GossipState, oracle: SampleOracle, comm: Communicator
-    ) -> tuple[GossipState, dict]:
-        from privdl.mechanisms.correlated import independent_noise
-
+    ) -> tuple[GossipState, StepInfo]:
         t, gamma = state.t, self.step_size(state.t)
         x = flatten(state.params)
         n = x.shape[0]

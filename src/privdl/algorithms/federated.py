@@ -13,18 +13,18 @@ Round e (all clients, or ``clients_per_round`` of them drawn uniformly without r
 
 All clients run at once: parameters are stacked ``(n, ...)``, heterogeneous batch sizes are
 masks, clients that finished their ``E_i`` steps (or sit the round out) are frozen by a 0/1
-factor. The noise multiplier ``z_i`` comes from the reference accountant
-(:func:`privdl.accounting.nominal.robust_hdp_noise_multipliers`, ``eps_i, delta, b_i, N_i, K,
-E``); each client's epsilon is then certified by dp-accounting's RDP accountant
-(:meth:`FederatedDPSGD.client_budgets`; threat model "server", example-level).
+factor. :class:`FederatedRounds` follows the algorithm protocol (:mod:`privdl.algorithms.base`):
+it is given each client's noise multiplier ``z_i`` (calibrated by the recipe,
+:mod:`privdl.recipes.federated`, which also accounts each client's epsilon) and owns no data:
+the clients' local data is the oracle, :class:`ClientData`.
 
 Random draws per local step, in this order (tests replay them): ``rand(n, m_max)`` for Poisson
 sampling, then ``randn(n, *shape)`` for each parameter in model order, from one generator on the
 data's device (``torch.Generator(device=data.x.device)``; CUDA and CPU streams differ).
 
-Sharded (``torch.distributed``, docs/distributed.md): with a
-:class:`~privdl.comm.distributed.DistributedCommunicator` every process holds the same data and
-config, and runs the local steps of the clients it owns (``comm.owned``) only. Every process
+Sharded (``torch.distributed``, docs/distributed.md): with a communicator that owns a shard of
+the clients, every process holds the same config and its clients' data, and runs the local steps
+of the clients it owns (``comm.owned``) only. Every process
 draws the full ``(n, ...)`` tensors above from the same seeded generator and keeps its rows, so a
 client's draws do not depend on the sharding and the round equals the simulator's (cost: the
 draws of all n clients on every process, O(n (m_max + p)) per local step, small next to the
@@ -35,98 +35,39 @@ aggregate is ``weighted_sum`` (local partial sums plus one all-reduce).
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from privdl.accounting.budget import PrivacyBudget
-from privdl.accounting.dpsgd import (
-    calibrate_noise_multipliers,
-    epsilons_from_curves,
-    poisson_rdp_curves,
-)
-from privdl.accounting.nominal import robust_hdp_noise_multipliers
 from privdl.algorithms.aggregators import AggregationInput, Aggregator
-from privdl.comm.base import Communicator, Tree
-from privdl.comm.local import LocalCommunicator
+from privdl.algorithms.base import Keys, StepInfo
+from privdl.comm.base import Communicator
 from privdl.data.batching import StackedData
 from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.engine.losses import correct, per_sample_loss
-from privdl.errors import ConfigError, PrivacyError
+from privdl.errors import ConfigError
 from privdl.models.base import StackedModel
+from privdl.tree import Tree, flatten, unflatten
 
 __all__ = [
-    "FederatedConfig",
-    "FederatedDPSGD",
+    "ClientData",
+    "FederatedRounds",
     "FederatedState",
     "batch_size_buckets",
     "evaluate_clients",
-    "federated_communicator",
     "flatten_tree",
     "split_train_test",
 ]
 
 
-@dataclass(frozen=True)
-class FederatedConfig:
-    """Client-side hyper-parameters (spec §1, §5.1; names from the paper).
-
-    ``epsilons=None`` is non-private FedAvg (no clipping, no noise). ``reported_epsilons`` is what
-    the server is told (default: the true ones; spec §6 falsification). ``sampling="full"`` uses
-    every local sample once per step (``b_i = N_i``; for oracles); ``"poisson"`` is DP-SGD's.
-
-    ``calibration`` chooses how ``z_i`` is found for ``eps_i``: ``"rdp"`` (the default) is the
-    smallest ``z_i`` that dp-accounting's RDP accountant certifies for ``eps_i`` over all ``E``
-    rounds (what ``privdl run`` uses); ``"reference"`` is the Robust-HDP code's accountant
-    (classic RDP conversion, its bisection, ``z_decimals`` rounding), whose ``eps_i`` is
-    NOMINAL (``nominal:robust-hdp-code``): the paper's setting, so the reproductions ask for it.
-    """
-
-    batch_sizes: tuple[int, ...]
-    lr: float
-    rounds: int
-    epsilons: tuple[float, ...] | None = None
-    reported_epsilons: tuple[float, ...] | None = None
-    delta: float = 1e-4
-    clip_norm: float = 3.0
-    local_epochs: int = 1
-    clients_per_round: int | None = None
-    sampling: Literal["poisson", "full"] = "poisson"
-    z_decimals: int | None = 2
-    loss: str = "cross_entropy"
-    calibration: Literal["reference", "rdp"] = "rdp"
-
-    def __post_init__(self) -> None:
-        n = len(self.batch_sizes)
-        if n < 1 or any(int(b) < 1 for b in self.batch_sizes):
-            raise ConfigError("batch_sizes must be a non-empty list of positive integers")
-        for name in ("epsilons", "reported_epsilons"):
-            v = getattr(self, name)
-            if v is not None and (len(v) != n or any(not e > 0 for e in v)):
-                raise PrivacyError(f"{name} must hold one positive value per client ({n})")
-        if self.reported_epsilons is not None and self.epsilons is None:
-            raise PrivacyError("reported_epsilons need epsilons (a private run)")
-        if not self.lr > 0 or self.rounds < 1 or self.local_epochs < 1:
-            raise ConfigError("need lr > 0, rounds >= 1 and local_epochs >= 1")
-        if not self.clip_norm > 0:
-            raise PrivacyError(f"clip_norm must be > 0, got {self.clip_norm}")
-        if self.clients_per_round is not None and not 1 <= self.clients_per_round <= n:
-            raise ConfigError(f"clients_per_round must be in [1, {n}]")
-        if self.sampling not in ("poisson", "full"):
-            raise ConfigError(f"sampling must be poisson or full, got {self.sampling!r}")
-        if self.epsilons is not None and self.sampling != "poisson":
-            raise PrivacyError("private runs need Poisson sampling (what the accountant assumes)")
-        if self.calibration not in ("reference", "rdp"):
-            raise ConfigError(f"calibration must be reference or rdp, got {self.calibration!r}")
-
-    @property
-    def private(self) -> bool:
-        return self.epsilons is not None
+def flatten_tree(tree: Tree, *, leading: bool = True) -> Tensor:
+    """``(n, p)`` (or ``(p,)``) in parameter order: the rows of Robust-HDP's M after transpose."""
+    if leading:
+        return flatten(tree)
+    return torch.cat([v.reshape(-1) for v in tree.values()])
 
 
 @dataclass
@@ -144,22 +85,10 @@ class FederatedState:
         """The rounds done (a run's step counter, as the decentralized states' ``t``)."""
         return self.round
 
-
-def no_gossip(t: int) -> Any:
-    """The schedule of a federated communicator: server rounds only, no mixing matrix."""
-    raise ConfigError("federated learning has no gossip schedule")
-
-
-def federated_communicator(n_clients: int, *, dtype: torch.dtype = torch.float32) -> Communicator:
-    """A single-process communicator for server rounds (no gossip schedule)."""
-    return LocalCommunicator(no_gossip, n_nodes=n_clients, dtype=dtype)
-
-
-def flatten_tree(tree: Tree, *, leading: bool = True) -> Tensor:
-    """``(n, p)`` (or ``(p,)``) in parameter order: the rows of Robust-HDP's M after transpose."""
-    if leading:
-        return torch.cat([v.reshape(v.shape[0], -1) for v in tree.values()], dim=1)
-    return torch.cat([v.reshape(-1) for v in tree.values()])
+    @property
+    def params(self) -> Tree:
+        """The server's model as one row (what the loop evaluates and checkpoints)."""
+        return {k: v.unsqueeze(0) for k, v in self.theta.items()}
 
 
 BUCKET_RATIO = 1.5
@@ -187,307 +116,240 @@ def batch_size_buckets(batch_sizes: np.ndarray, *, ratio: float = BUCKET_RATIO) 
     return [torch.as_tensor(sorted(c), dtype=torch.int64) for c in buckets]
 
 
-@functools.lru_cache(maxsize=4096)
-def _noise_multiplier(
-    eps: float,
-    batch_size: float,
-    num_samples: int,
-    local_epochs: int,
-    rounds: int,
-    delta: float,
-    decimals: int | None,
-) -> float:
-    """One client's ``z_i`` from the reference accountant (a bisection; cached: experiments
-    build many trainers with the same clients)."""
-    return float(
-        robust_hdp_noise_multipliers(
-            [eps],
-            [batch_size],
-            num_samples=num_samples,
-            local_epochs=local_epochs,
-            rounds=rounds,
-            delta=delta,
-            decimals=decimals,
-        )[0]
-    )
+@dataclass
+class ClientData:
+    """The oracle of a federated run: the held clients' local data and the model they train.
 
+    ``x``, ``y``: the rows of the clients this process runs (``rows``, global ids; all of them in
+    the simulator), padded ``(k, m_max, ...)``; ``counts``: every client's ``N_i`` (all ``n``).
+    :meth:`poisson_batches` draws every client's batch (so the generator advances the same way
+    whatever a process holds); :meth:`gradients` clips the held clients' per-sample gradients.
+    The held clients are grouped in batch-size classes (:func:`batch_size_buckets`): a local step
+    computes one class at a time, padded to that class's widest Poisson batch. On a CPU
+    (compute-bound) this saves the padded work; on a GPU, where a local step of the MNIST CNN is
+    launch-bound, one class keeps one launch sequence per step (same values either way, tested).
+    """
 
-def server_budget(
-    epsilon: float, delta: float, *, accountant: str = "rdp", nominal: bool = False, notes: str = ""
-) -> dict[str, Any]:
-    """A client's labelled (eps, delta): example-level, add/remove (Poisson sampling), against
-    the server that sees its updates (Robust-HDP's threat model)."""
-    return PrivacyBudget(
-        epsilon=epsilon,
-        delta=delta,
-        accountant=accountant,
-        neighbouring="add_remove",
-        unit="example",
-        threat_model="server",
-        nominal=nominal,
-        notes=notes,
-    ).to_dict()
+    model: StackedModel
+    x: Tensor
+    y: Tensor
+    counts: Tensor
+    rows: Tensor
+    loss: str = "cross_entropy"
+    buckets: list[Tensor] = field(default_factory=list)
 
-
-class FederatedDPSGD:
-    """Heterogeneous DP federated training (Robust-HDP Algorithm 1 and its baselines)."""
-
-    def __init__(
-        self,
+    @classmethod
+    def from_stacked(
+        cls,
         model: StackedModel,
         data: StackedData,
         *,
-        config: FederatedConfig,
-        aggregator: Aggregator,
-        comm: Communicator | None = None,
-    ) -> None:
+        rows: Tensor | None = None,
+        batch_sizes: np.ndarray | None = None,
+        loss: str = "cross_entropy",
+    ) -> ClientData:
+        """The oracle of clients ``rows`` (default all) of the stacked data."""
         n = data.counts.numel()
-        if len(config.batch_sizes) != n:
-            raise ConfigError(f"{len(config.batch_sizes)} batch sizes for {n} clients")
-        if comm is not None and comm.n_nodes != n:
-            raise ConfigError(f"the communicator has {comm.n_nodes} nodes for {n} clients")
-        self.model, self.data, self.config, self.aggregator = model, data, config, aggregator
-        self.n = n
-        self.comm = comm if comm is not None else federated_communicator(n, dtype=data.x.dtype)
-        self.device = data.x.device
-        self._counts = data.counts.to(self.device)
-        #: the global ids of the clients this process runs (all of them in the simulator)
-        self.rows = self.comm.owned.to(self.device)
-        self.sharded = self.rows.numel() != n
-        self._x = data.x.index_select(0, self.rows) if self.sharded else data.x
-        self._y = data.y.index_select(0, self.rows) if self.sharded else data.y
-        counts = data.counts.cpu().numpy().astype(np.int64)
-        b = (
-            counts.astype(float)
-            if config.sampling == "full"
-            else np.asarray(config.batch_sizes, float)
-        )
-        if config.private and np.any(b >= counts):
-            raise PrivacyError("every batch size must be smaller than its client's data size")
-        self.num_samples = counts
-        self.batch_sizes = b
-        #: E_i = K ceil(N_i / b_i) local steps per round (Eq. 7)
-        self.local_steps = config.local_epochs * np.ceil(counts / b).astype(np.int64)
-        self.noise_epsilons: np.ndarray | None = None
-        self.noise_multipliers = np.zeros(n)
-        if config.private:
-            eps = np.asarray(config.epsilons, float)
-            self.noise_epsilons = aggregator.noise_epsilon(eps)
-            if config.calibration == "rdp":  # all clients in one vectorised bisection
-                self.noise_multipliers = calibrate_noise_multipliers(
-                    target_epsilons=self.noise_epsilons,
-                    sampling_rates=b / counts,
-                    steps=self.local_steps * config.rounds,
-                    delta=config.delta,
-                )
-            else:
-                self.noise_multipliers = np.array(
-                    [
-                        _noise_multiplier(
-                            float(e),
-                            float(bb),
-                            int(m),
-                            config.local_epochs,
-                            config.rounds,
-                            config.delta,
-                            config.z_decimals,
-                        )
-                        for e, bb, m in zip(self.noise_epsilons, b, counts, strict=True)
-                    ]
-                )  # setup only: one (cached) bisection per distinct client
-        self._rdp_curves: np.ndarray | None = None
-        self.reported_epsilons = np.asarray(
-            config.reported_epsilons or config.epsilons or np.ones(n), float
-        )
-        #: the held clients (positions in ``rows``) in batch-size classes: each local step
-        #: computes one class at a time, padded to that class's widest Poisson batch. On a CPU
-        #: (compute-bound) this saves the padded work; on a GPU, where a local step of the
-        #: MNIST CNN is launch-bound, one class keeps one launch sequence per step (same values
-        #: either way, tested)
-        held_b = self.batch_sizes[self.rows.cpu().numpy()]
-        self._buckets = (
+        dev = data.x.device
+        rows = torch.arange(n) if rows is None else torch.as_tensor(rows, dtype=torch.int64)
+        rows = rows.to(dev)
+        sharded = rows.numel() != n
+        x = data.x.index_select(0, rows) if sharded else data.x
+        y = data.y.index_select(0, rows) if sharded else data.y
+        b = data.counts.cpu().numpy().astype(float) if batch_sizes is None else batch_sizes
+        held_b = np.asarray(b, float)[rows.cpu().numpy()]
+        buckets = (
             batch_size_buckets(held_b)
-            if self.device.type == "cpu"
+            if dev.type == "cpu"
             else [torch.arange(len(held_b), dtype=torch.int64)]
         )
+        return cls(model, x, y, data.counts.to(dev), rows, loss, buckets)
 
-    # ------------------------------------------------------------------ closed forms
-    def true_update_variance(self) -> np.ndarray:
-        """Eq. 7 with Eq. 3 (effective clipping): ``K ceil(N/b) eta^2 p c^2 z^2 / b^2``."""
-        c, p = self.config.clip_norm, self.model.num_parameters()
-        return (
-            self.local_steps
-            * self.config.lr**2
-            * p
-            * c**2
-            * self.noise_multipliers**2
-            / self.batch_sizes**2
-        )
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
 
-    def client_budgets(self, participated: Tensor | np.ndarray | None = None) -> list[dict]:
-        """Every client's (eps, delta): its target ``eps_i`` and the epsilon dp-accounting's RDP
-        accountant certifies for ``participated`` rounds (default all E), threat model "server",
-        example-level, add/remove, Poisson sampling. With ``calibration="reference"`` the target
-        is also given as ``nominal`` (the budget the code's accountant claims for its ``z_i``);
-        with ``"rdp"`` there is no nominal figure (``nominal`` is None): the target is what the
-        accountant certifies over all E rounds."""
-        cfg = self.config
-        if not cfg.private:
-            return []
-        rounds = (
-            np.full(self.n, cfg.rounds)
-            if participated is None
-            else np.asarray(torch.as_tensor(participated).cpu())
-        )
-        if self._rdp_curves is None:  # one step's RDP of every client, computed once
-            self._rdp_curves = poisson_rdp_curves(
-                self.batch_sizes / self.num_samples, self.noise_multipliers
-            )
-        spent_steps = rounds * self.local_steps
-        eps = epsilons_from_curves(self._rdp_curves, spent_steps, cfg.delta)
-        out = []
-        for i in range(self.n):  # reporting only, not a hot path
-            z, q = float(self.noise_multipliers[i]), self.batch_sizes[i] / self.num_samples[i]
-            steps = int(spent_steps[i])
-            accounted = (
-                server_budget(
-                    float(eps[i]),
-                    cfg.delta,
-                    notes=f"poisson sampling q={q:.6g}, z={z:.6g}, T={steps}; RDP curve by "
-                    "privdl's series (dp-accounting's to 1e-9), dp-accounting's conversion",
-                )
-                if steps > 0
-                else None
-            )
-            target = None
-            if cfg.calibration == "reference":
-                target = server_budget(
-                    float(self.noise_epsilons[i]),
-                    cfg.delta,
-                    accountant="nominal:robust-hdp-code",
-                    nominal=True,
-                    notes=f"z={z} from the reference accountant, T=K E N/b, rounded",
-                )
-            out.append(
-                {
-                    "client": i,
-                    "noise_multiplier": z,
-                    "target_epsilon": float(self.noise_epsilons[i]),
-                    "reported_epsilon": float(self.reported_epsilons[i]),
-                    "nominal": target,
-                    "accounted": accounted,
-                }
-            )
-        return out
+    @property
+    def n_clients(self) -> int:
+        return int(self.counts.numel())
 
-    # ------------------------------------------------------------------ training
-    def init(self, params: Tree, *, seed: int) -> FederatedState:
-        """Server state from one model's ``params`` (no node dim) or a stacked copy of it."""
-        shapes = self.model.param_shapes()
+    def poisson_batches(
+        self, gen: torch.Generator, rates: np.ndarray | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Poisson batches (``q_i = b_i / N_i``) of ALL clients, left-packed ``(n, N_max)`` with a
+        mask, and each client's batch size ``(n,)`` (``rates=None``: every sample, in order). No
+        value is read back to the host here: on a GPU the caller reads the one width it needs
+        (one sync per local step)."""
+        counts = self.counts
+        n, width = self.n_clients, self.x.shape[1]
+        valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+        if rates is None:
+            return torch.arange(width, device=counts.device).expand(n, width), valid, counts
+        u = torch.rand(n, width, generator=gen, device=gen.device).to(counts.device)
+        rate = torch.as_tensor(rates, device=counts.device)
+        join = (u.double() < rate[:, None]) & valid
+        order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)
+        return order, torch.gather(join, 1, order), join.sum(1)
+
+    def gradients(
+        self,
+        params: Tree,
+        live: Tensor,
+        index: Tensor,
+        mask: Tensor,
+        *,
+        clip: ClipSpec,
+        denominator: Tensor,
+    ) -> Tree:
+        """Summed clipped per-sample gradients over ``denominator`` of the held clients at
+        positions ``live`` on their batches ``index`` (``(len(live), width)``)."""
+        at = live[:, None]
+        xb, yb = self.x[at, index], self.y[at, index]
+        return node_gradients(
+            self.model, params, xb, yb, loss=self.loss, clip=clip, mask=mask,
+            denominator=denominator,
+        ).grads  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FederatedRounds:
+    """Robust-HDP Algorithm 1 (and its baselines, by ``aggregator``) as a privdl algorithm.
+
+    Per client ``i`` (tuples of length ``n``): ``noise_multipliers`` ``z_i``, expected batch size
+    ``batch_sizes`` ``b_i`` (``N_i`` with ``sampling="full"``), ``num_samples`` ``N_i``,
+    ``local_steps`` ``E_i = K ceil(N_i/b_i)``, the epsilon it reports to the server
+    (``reported_epsilons``, what WeiAvg and minEps weight by) and the variance of its update
+    (``update_variance``, Eq. 7, which only the oracle aggregator reads). ``private=False`` is
+    FedAvg (no clipping, no noise). The aggregator's estimates (Robust-HDP's) are its own state,
+    checkpointed by the recipe with ``aggregator.state_dict()``.
+    """
+
+    lr: float
+    clip_norm: float
+    noise_multipliers: tuple[float, ...]
+    batch_sizes: tuple[float, ...]
+    num_samples: tuple[int, ...]
+    local_steps: tuple[int, ...]
+    reported_epsilons: tuple[float, ...]
+    update_variance: tuple[float, ...]
+    aggregator: Aggregator = field(compare=False)
+    private: bool = True
+    clients_per_round: int | None = None
+    sampling: str = "poisson"
+
+    @property
+    def n(self) -> int:
+        return len(self.batch_sizes)
+
+    def init(
+        self, params: Tree, oracle: ClientData, comm: Communicator, *, keys: Keys
+    ) -> FederatedState:
+        """Server state from one model's ``params`` (no node dim, or one stacked row); the
+        clients' generator (batches, noise, participation) seeded by ``keys.sampling_seed``."""
+        if comm.n_nodes != self.n or oracle.n_clients != self.n:
+            raise ConfigError(
+                f"{self.n} clients, but the communicator has {comm.n_nodes} nodes and the data "
+                f"{oracle.n_clients} clients"
+            )
+        shapes = oracle.model.param_shapes()
         theta = {k: (v[0] if v.dim() > len(shapes[k]) else v).clone() for k, v in params.items()}
-        gen = torch.Generator(device=self.data.x.device).manual_seed(seed)
+        gen = torch.Generator(device=oracle.device).manual_seed(keys.sampling_seed)
         return FederatedState(theta, 0, torch.zeros(self.n, dtype=torch.int64), gen)
 
     def _participants(self, gen: torch.Generator) -> Tensor:
-        k = self.config.clients_per_round
+        k = self.clients_per_round
         if k is None or k == self.n:
             return torch.ones(self.n, dtype=torch.bool)
         chosen = torch.randperm(self.n, generator=gen, device=gen.device)[:k].cpu()
         return torch.zeros(self.n, dtype=torch.bool).index_fill_(0, chosen, True)
 
-    def _batch(self, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        """Poisson batches (q_i = b_i / N_i) of all clients, left-packed ``(n, N_max)`` with a
-        mask, and each client's batch size ``(n,)``. No value is read back to the host here: on
-        a GPU the caller reads the one width it needs (one sync per local step)."""
-        counts = self._counts
-        width = self.data.x.shape[1]
-        valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
-        if self.config.sampling == "full":
-            return torch.arange(width, device=counts.device).expand(self.n, width), valid, counts
-        u = torch.rand(self.n, width, generator=gen, device=gen.device).to(counts.device)
-        rate = torch.as_tensor(self.batch_sizes / self.num_samples, device=counts.device)
-        join = (u.double() < rate[:, None]) & valid
-        order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)
-        return order, torch.gather(join, 1, order), join.sum(1)
-
-    def local_updates(self, theta: Tree, active: Tensor, gen: torch.Generator) -> Tree:
-        """``Delta_i`` of the clients this process runs (``self.rows``; all in the simulator),
+    def local_updates(
+        self,
+        theta: Tree,
+        active: Tensor,
+        gen: torch.Generator,
+        oracle: ClientData,
+        comm: Communicator,
+    ) -> Tree:
+        """``Delta_i`` of the clients this process runs (``comm.owned``; all in the simulator),
         stacked ``(len(rows), ...)``; 0 for inactive clients. ``active`` has all n clients.
 
         The loop runs the largest ``E_i`` of all active clients and draws every client's batch
         and noise at every local step (see the module docstring), so ``gen`` advances the same
         way on every process whatever clients it owns.
         """
-        cfg, dev, rows = self.config, self.device, self.rows
-        start = self.comm.broadcast(theta)
+        dev, rows = oracle.device, oracle.rows
+        sharded = rows.numel() != self.n
+        start = comm.broadcast(theta)
         params = {k: v.clone() for k, v in start.items()}
         dtype = next(iter(params.values())).dtype
-        b = torch.as_tensor(self.batch_sizes, dtype=dtype, device=dev)[rows]
-        z_all = torch.as_tensor(self.noise_multipliers, dtype=dtype, device=dev)
-        noise_scale = (cfg.clip_norm * z_all[rows] / b).reshape(-1, 1)
-        steps = torch.as_tensor(self.local_steps)  # host-side bookkeeping: no GPU reads
-        clip = ClipSpec("per_sample", cfg.clip_norm) if cfg.private else ClipSpec()
+        b = torch.as_tensor(np.asarray(self.batch_sizes, float), dtype=dtype, device=dev)[rows]
+        z_all = torch.as_tensor(np.asarray(self.noise_multipliers, float), dtype=dtype, device=dev)
+        noise_scale = (self.clip_norm * z_all[rows] / b).reshape(-1, 1)
+        steps = torch.as_tensor(np.asarray(self.local_steps, np.int64))  # host-side bookkeeping
+        clip = ClipSpec("per_sample", self.clip_norm) if self.private else ClipSpec()
+        rates = (
+            None
+            if self.sampling == "full"
+            else np.asarray(self.batch_sizes, float) / np.asarray(self.num_samples, float)
+        )
         act, rows_host = active.cpu(), rows.cpu()
         for k in range(int(steps[act].max()) if bool(act.any()) else 0):
             # gradients only for the clients still running (E_i differs: b_i = 128 stops after
             # 19 steps, b_i = 16 runs 150); every client's batch and noise are still drawn, so
             # the generator advances the same way whatever is computed
             running = (act & (k < steps))[rows_host]
-            index, mask, sizes = self._batch(gen)
-            if self.sharded:
+            index, mask, sizes = oracle.poisson_batches(gen, rates)
+            if sharded:
                 index, mask, sizes = index[rows], mask[rows], sizes[rows]
             noise = {}
-            if cfg.private:  # all n clients' noise, then the held rows (sharding-free)
+            if self.private:  # all n clients' noise, then the held rows (sharding-free)
                 for name, v in params.items():
                     z = torch.randn(
                         (self.n, *v.shape[1:]), generator=gen, device=gen.device, dtype=dtype
                     ).to(dev)
-                    noise[name] = z[rows] if self.sharded else z
+                    noise[name] = z[rows] if sharded else z
             if not bool(running.any()):
                 continue
             sizes_host = sizes.cpu()  # the one GPU read of the step
-            for bucket in self._buckets:  # a few batch-size classes, not a loop over clients
+            for bucket in oracle.buckets:  # a few batch-size classes, not a loop over clients
                 members = bucket[running[bucket]]
                 if not len(members):
                     continue
                 width = max(1, int(sizes_host[members].max()))  # batches are left-packed
                 live = members.to(dev)
-                at = live[:, None]
-                idx = index[live, :width]
-                xb, yb = self._x[at, idx], self._y[at, idx]
                 sub = {name: v[live] for name, v in params.items()}
-                g = node_gradients(
-                    self.model,
-                    sub,
-                    xb,
-                    yb,
-                    loss=cfg.loss,
-                    clip=clip,
-                    mask=mask[live, :width],
+                g = oracle.gradients(
+                    sub, live, index[live, :width], mask[live, :width], clip=clip,
                     denominator=b[live],
-                ).grads
+                )  # fmt: skip
                 for name, v in params.items():
                     step = g[name]
-                    if cfg.private:
+                    if self.private:
                         shape = (-1,) + (1,) * (v.dim() - 1)
                         step = step + noise[name][live] * noise_scale[live].reshape(shape)
-                    v.index_add_(0, live, step, alpha=-cfg.lr)
+                    v.index_add_(0, live, step, alpha=-self.lr)
         return {k: params[k] - start[k] for k in params}
 
-    def step(self, state: FederatedState) -> tuple[FederatedState, dict[str, Any]]:
-        """One global round (Algorithm 1 lines 1-7). Returns the new state and round info."""
+    def step(
+        self, state: FederatedState, oracle: ClientData, comm: Communicator
+    ) -> tuple[FederatedState, StepInfo]:
+        """One global round (Algorithm 1 lines 1-7). ``info``: the server's ``weights`` (all n),
+        the ``participants`` and what the aggregator reports (e.g. its RPCA's convergence)."""
         gen = state.generator
         active = self._participants(gen)
-        own = self.local_updates(state.theta, active, gen)
+        own = self.local_updates(state.theta, active, gen, oracle, comm)
+        rows = oracle.rows
+        sharded = rows.numel() != self.n
         # the server needs every client's column of M (Algorithm 1 line 3): gather the shards
-        deltas = self.comm.all_gather_nodes(own) if self.sharded else own  # type: ignore[attr-defined]
+        deltas = comm.all_gather_nodes(own) if sharded else own
         ids = torch.nonzero(active).flatten()
         dtype = next(iter(deltas.values())).dtype
-        dev = self.device
+        dev = oracle.device
         flat = flatten_tree({k: v[ids.to(v.device)] for k, v in deltas.items()})
         sel = ids.numpy()
         sigma2 = torch.as_tensor(
-            self.true_update_variance()[sel], dtype=torch.float64, device=flat.device
+            np.asarray(self.update_variance, float)[sel], dtype=torch.float64, device=flat.device
         )
         m = flat.T
         result = self.aggregator(
@@ -496,22 +358,24 @@ class FederatedDPSGD:
                 clients=ids,
                 round_index=state.round,
                 reported_eps=torch.as_tensor(
-                    self.reported_epsilons[sel], dtype=dtype, device=flat.device
+                    np.asarray(self.reported_epsilons, float)[sel], dtype=dtype, device=flat.device
                 ),
-                num_samples=torch.as_tensor(self.num_samples[sel], dtype=dtype, device=flat.device),
-                true_sigma2=sigma2 if self.config.private else None,
+                num_samples=torch.as_tensor(
+                    np.asarray(self.num_samples, np.int64)[sel], dtype=dtype, device=flat.device
+                ),
+                true_sigma2=sigma2 if self.private else None,
             )
         )
         weights = torch.zeros(self.n, dtype=dtype, device=dev)
         weights[ids.to(dev)] = result.weights.to(dtype=dtype, device=dev)
-        if self.sharded:  # the server's (rank 0's) weights are the ones every process applies
-            weights = self.comm.broadcast({"w": weights})["w"][0]
+        if sharded:  # the server's (rank 0's) weights are the ones every process applies
+            weights = comm.broadcast({"w": weights})["w"][0]
         if result.updates is not m:  # PFA replaced some updates
             full = flatten_tree(deltas).clone()
             full[ids.to(full.device)] = result.updates.T.to(full.dtype)
-            deltas = _unflatten_stacked(full, deltas)
-            own = {k: v.index_select(0, self.rows) for k, v in deltas.items()}
-        agg = self.comm.weighted_sum(own, weights)
+            deltas = unflatten(full, deltas)
+            own = {k: v.index_select(0, rows) for k, v in deltas.items()}
+        agg = comm.weighted_sum(own, weights)
         theta = {k: state.theta[k] + agg[k] for k in state.theta}
         extra = {k: v.cpu() if torch.is_tensor(v) else v for k, v in result.info.items()}
         info = {"round": state.round, "weights": weights.cpu(), "participants": ids, **extra}
@@ -519,22 +383,6 @@ class FederatedDPSGD:
             state, theta=theta, round=state.round + 1, participated=state.participated + active
         )
         return new, info
-
-    def run(self, state: FederatedState, rounds: int | None = None) -> FederatedState:
-        """``rounds`` global rounds (default: the configured E)."""
-        for _ in range(self.config.rounds if rounds is None else rounds):
-            state, info = self.step(state)
-            state.history.append({"round": info["round"], "weights": info["weights"].tolist()})
-        return state
-
-
-def _unflatten_stacked(flat: Tensor, like: Tree) -> Tree:
-    out, start = {}, 0
-    for k, v in like.items():
-        size = math.prod(v.shape[1:])
-        out[k] = flat[:, start : start + size].reshape(v.shape)
-        start += size
-    return out
 
 
 @torch.no_grad()

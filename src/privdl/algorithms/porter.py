@@ -34,19 +34,21 @@ held rows kept: the masks equal the simulator's at the cost of an ``(n, P)`` dra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from privdl.algorithms.base import StepSize, in_background
-from privdl.algorithms.dsgd import unflatten
-from privdl.comm.base import Communicator, Tree
+from privdl.algorithms.base import Keys, StepInfo, StepSize, held_nodes, in_background
+from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import Compressor, Identity
+from privdl.mechanisms.correlated import independent_noise
+from privdl.rng import step_generator
 from privdl.topology.mixing import MixingMatrix, best_constant_mixing, fdla_mixing
+from privdl.tree import Tree, unflatten
+from privdl.tree import flatten as flatten_tree
 
 __all__ = [
     "Porter",
@@ -61,15 +63,8 @@ __all__ = [
 ]
 
 
-def flatten_tree(tree: Tree) -> torch.Tensor:
-    """Concatenate a node-leading tree into ``(n, P)`` (leaf order of the dict)."""
-    return torch.cat([v.reshape(v.shape[0], -1) for v in tree.values()], dim=1)
-
-
 def channel_generator(seed: int, channel: str, t: int, device: torch.device) -> torch.Generator:
     """Compressor randomness of one channel at round ``t``: independent across channels/rounds."""
-    from privdl.tasks import step_generator
-
     return step_generator(seed, f"compress/{channel}", t, device=device)
 
 
@@ -112,22 +107,18 @@ class Porter:
         if not self.sigma_p >= 0.0 or self.sigma_p == float("inf"):
             raise ConfigError(f"sigma_p must be a finite number >= 0, got {self.sigma_p}")
 
-    def init(self, params: Tree, *, seed: int, nodes: Sequence[int] | None = None) -> PorterState:
+    def init(self, params: Tree, oracle: object, comm: Communicator, *, keys: Keys) -> PorterState:
         """Initialisation §2.2: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``.
 
-        ``params`` holds the rows of the global agents ``nodes`` (default: all, ``0..n-1``); the
-        noise keys are derived for those global ids, so a sharded run draws the same noise as
-        the simulator.
+        ``params`` holds the rows of the agents ``comm`` owns; the noise keys are derived for
+        those global ids, so a sharded run draws the same noise as the simulator. ``keys.seed``
+        draws the compressor masks (public randomness).
         """
-        from privdl.mechanisms.secrets import node_noise_keys
-
         x = flatten_tree(params)
         if x.shape[0] > 1 and not bool((x == x[:1]).all()):
             raise ConfigError("PORTER starts every agent at the same point x_bar^(0)")
-        held = tuple(range(x.shape[0])) if nodes is None else tuple(int(i) for i in nodes)
-        if len(held) != x.shape[0]:
-            raise ConfigError(f"{len(held)} node ids for {x.shape[0]} parameter rows")
-        keys = tuple(node_noise_keys(held, seed=seed)) if self.sigma_p > 0 else ()
+        held = held_nodes(comm, params)
+        noise_keys = keys.node_noise_keys(held) if self.sigma_p > 0 else ()
         zeros = torch.zeros_like(x)
         return PorterState(
             params=params,
@@ -136,8 +127,8 @@ class Porter:
             q_v=zeros.clone(),
             g_prev=zeros.clone(),
             t=0,
-            seed=int(seed),
-            noise_keys=keys,
+            seed=keys.seed,
+            noise_keys=noise_keys,
             nodes=held,
         )
 
@@ -145,8 +136,6 @@ class Porter:
         self, state: PorterState, oracle, comm: Communicator
     ) -> tuple[torch.Tensor, object]:
         """``G_p^t`` at ``X^{t-1}``: the oracle's clipped gradients plus agent-keyed noise (7)."""
-        from privdl.mechanisms.correlated import independent_noise
-
         pending = None
         if self.sigma_p > 0:  # (7)'s noise needs only the keys and t: drawn while the oracle runs
             keys = list(state.noise_keys)  # one per held row (init derives them for ``nodes``)
@@ -168,12 +157,12 @@ class Porter:
         if pending is not None:
             if len(keys) != g.shape[0]:
                 raise ConfigError(
-                    f"{len(keys)} noise keys for {g.shape[0]} agents: init with nodes=comm.owned"
+                    f"{len(keys)} noise keys for {g.shape[0]} agents: init the state with this communicator"
                 )
             g = g + pending()
         return g, res
 
-    def step(self, state: PorterState, oracle, comm: Communicator) -> tuple[PorterState, dict]:
+    def step(self, state: PorterState, oracle, comm: Communicator) -> tuple[PorterState, StepInfo]:
         """One round of Algorithm 1 (steps (4)-(14)); ``info['bits_per_node']`` = 2 messages."""
         t = state.t
         eta = self.step_size(t)

@@ -37,9 +37,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privdl.algorithms.base import StepSize, in_background
-from privdl.comm.base import Communicator, Tree
+from privdl.algorithms.base import Keys, StepInfo, StepSize, held_nodes, in_background
+from privdl.comm.base import Communicator
 from privdl.errors import ConfigError, PrivacyError
+from privdl.mechanisms.correlated import independent_noise
+from privdl.rng import step_generator
+from privdl.tree import Tree, flatten
+from privdl.tree import unflatten as unflatten_like
 
 log = logging.getLogger("privdl.privsgp")
 
@@ -66,21 +70,6 @@ class SampleOracle(Protocol):
     def expand(self, entry: Tensor, index: Tensor) -> Tensor: ...
     def all_entries(self, params: Tree) -> Tensor: ...
     def table_mean(self, table: Tensor) -> Tensor: ...
-
-
-def flatten(tree: Tree) -> Tensor:
-    """Concatenate the leaves of a node-stacked tree into ``(n, P)``."""
-    return torch.cat([v.reshape(v.shape[0], -1) for v in tree.values()], dim=1)
-
-
-def unflatten_like(flat: Tensor, like: Tree) -> Tree:
-    """Split ``(n, P)`` into a tree shaped like ``like``."""
-    out, start = {}, 0
-    for name, v in like.items():
-        size = v[0].numel()
-        out[name] = flat[:, start : start + size].reshape(v.shape)
-        start += size
-    return out
 
 
 @dataclass
@@ -251,8 +240,6 @@ def _sample_index(seed: int, t: int, n: int, j: int, device: torch.device) -> Te
     step): the draw is the same on every device and in every process, so CPU, CUDA and sharded
     runs follow the same sample path.
     """
-    from privdl.tasks import step_generator
-
     g = step_generator(seed, "privsgp-sample", t)
     return torch.randint(0, j, (n,), generator=g).to(device)
 
@@ -292,37 +279,27 @@ class PrivSGP:
         return table_bytes(oracle) if self.variance_reduction else 0
 
     def init(
-        self,
-        params: Tree,
-        oracle: SampleOracle,
-        *,
-        seed: int,
-        nodes: Sequence[int] | None = None,
+        self, params: Tree, oracle: SampleOracle, comm: Communicator, *, keys: Keys
     ) -> PrivSGPState:
         """``x = z = x^0``, ``w = 1`` and (VR) the initial full pass ``T_i[j] = grad f_i(x^0; j)``.
 
-        ``nodes``: global ids of the rows ``params`` holds (a process's shard, e.g.
-        ``comm.owned.tolist()``); default all. ``oracle`` must hold the same rows
-        (``oracle.rows(nodes)``); noise keys and the table are made for these nodes only, so a
-        sharded run draws exactly the simulator's noise and samples for its rows.
-        Logs the table memory first and raises :class:`ConfigError` above ``table_budget``.
+        ``params`` and ``oracle`` hold the rows of the nodes ``comm`` owns (a process's shard:
+        ``oracle.rows(comm.owned_list)``); noise keys and the table are made for these nodes only,
+        so a sharded run draws exactly the simulator's noise and samples for its rows. The entries
+        ``xi`` are drawn from ``keys.sampling_seed``. Logs the table memory first and raises
+        :class:`ConfigError` above ``table_budget``.
         """
-        from privdl.mechanisms.secrets import node_noise_keys
-
         first = next(iter(params.values()))
         n = first.shape[0]
-        held = None if nodes is None else tuple(int(i) for i in nodes)
-        if held is not None and len(held) != n:
-            raise ConfigError(f"params have {n} rows but {len(held)} node ids were given")
-        if held is not None and (len(set(held)) != n or min(held, default=0) < 0):
-            raise ConfigError(f"node ids must be distinct and >= 0, got {list(held)[:8]}")
+        nodes = held_nodes(comm, params)
+        held = None if len(nodes) == comm.n_nodes else nodes
         if n != oracle.n_nodes:
             raise ConfigError(
                 f"params have {n} nodes but the oracle has {oracle.n_nodes}"
-                + ("; pass oracle.rows(nodes)" if held is not None else "")
+                + ("; pass oracle.rows(comm.owned_list)" if held is not None else "")
             )
         w = torch.ones(n, dtype=first.dtype, device=first.device)
-        keys = tuple(node_noise_keys(range(n) if held is None else held, seed=seed))
+        noise_keys = keys.node_noise_keys(nodes)
         table = mean = None
         if self.variance_reduction:
             need = table_bytes(oracle)
@@ -341,21 +318,19 @@ class PrivSGP:
             t=0,
             table=table,
             table_mean=mean,
-            seed=seed,
-            noise_keys=keys,
+            seed=keys.sampling_seed,
+            noise_keys=noise_keys,
             nodes=held,
         )
 
     def step(
         self, state: PrivSGPState, oracle: SampleOracle, comm: Communicator
-    ) -> tuple[PrivSGPState, dict]:
+    ) -> tuple[PrivSGPState, StepInfo]:
         """One iteration of Algorithm 1 (or Algorithm 2 without the table) for every held node.
 
         With ``state.nodes`` (a shard) the indices ``xi^k`` are drawn for all ``comm.n_nodes``
         nodes, as in the simulator, and the held rows kept.
         """
-        from privdl.mechanisms.correlated import independent_noise
-
         t = state.t
         gamma = self.step_size(t)
         z = state.params

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from privdl.algorithms.base import StepSize
-from privdl.algorithms.dsgd import unflatten
-from privdl.algorithms.porter import channel_generator, flatten_tree
-from privdl.comm.base import Communicator, Tree
+from privdl.algorithms.base import Keys, StepInfo, StepSize, held_nodes
+from privdl.algorithms.porter import channel_generator
+from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import Compressor, Identity
+from privdl.mechanisms.correlated import independent_noise
+from privdl.tree import Tree, unflatten
+from privdl.tree import flatten as flatten_tree
 
 __all__ = ["SoteriaFL", "SoteriaState", "shift_step"]
 
@@ -72,33 +74,35 @@ class SoteriaFL:
         if not self.sigma_p >= 0.0 or self.sigma_p == float("inf"):
             raise ConfigError(f"sigma_p must be a finite number >= 0, got {self.sigma_p}")
 
-    def init(self, params: Tree, *, seed: int) -> SoteriaState:
-        from privdl.mechanisms.secrets import node_noise_keys
-
+    def init(self, params: Tree, oracle: object, comm: Communicator, *, keys: Keys) -> SoteriaState:
+        """Every client holds the server model; shifts start at 0; ``keys.seed`` draws the
+        compression masks (public randomness) and, with noise, each client gets a stream key."""
+        nodes = held_nodes(comm, params)
+        if len(nodes) != comm.n_nodes:
+            raise ConfigError("SoteriaFL-SGD runs in one process (its server sees every client)")
         x = flatten_tree(params)
         if x.shape[0] > 1 and not bool((x == x[:1]).all()):
             raise ConfigError("SoteriaFL clients all hold the server model: rows must be equal")
-        n = x.shape[0]
-        keys = tuple(node_noise_keys(range(n), seed=seed)) if self.sigma_p > 0 else ()
+        noise_keys = keys.node_noise_keys(nodes) if self.sigma_p > 0 else ()
         return SoteriaState(
             params=params,
             shifts=torch.zeros_like(x),
             server_shift=torch.zeros_like(x[0]),
             t=0,
-            seed=int(seed),
-            noise_keys=keys,
+            seed=keys.seed,
+            noise_keys=noise_keys,
         )
 
-    def step(self, state: SoteriaState, oracle, comm: Communicator) -> tuple[SoteriaState, dict]:
+    def step(
+        self, state: SoteriaState, oracle, comm: Communicator
+    ) -> tuple[SoteriaState, StepInfo]:
         """One round: clients' noisy clipped gradients, shifted compressed uplink, server step."""
-        from privdl.mechanisms.correlated import independent_noise
-
         t = state.t
         eta = self.step_size(t)
         res = oracle(state.params, t, clip=self.clip)
         g = flatten_tree(res.grads).to(state.shifts.dtype)
         if self.sigma_p > 0:
-            keys = [state.noise_keys[i] for i in comm.owned_list]
+            keys = list(state.noise_keys)  # one per held row
             g = g + independent_noise(
                 keys,
                 t,

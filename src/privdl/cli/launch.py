@@ -21,12 +21,12 @@ from pathlib import Path
 
 import click
 
-from privdl.cli.run import command_line_values, refuse_options_with_resume
+from privdl.cli.run import _print_summary, command_line_values, refuse_options_with_resume
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
-from privdl.config import FEDERATED, make_config
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.records import RunRecords, seed_run_dirs
+from privdl.registry import make_config, plugin_files, recipe_for
 
 _OWN = (
     click.Option(["--nproc"], type=int, default=2, show_default=True, help="Processes to start."),
@@ -175,7 +175,7 @@ def _launch(
                 f"them with privdl run --resume {out_dir}, or one with launch --resume "
                 f"{out_dir}/seed-K"
             )
-        cfg = make_config(RunRecords(out_dir).config())  # a corrupt file: one line
+        cfg = make_config(RunRecords(out_dir).config(), saved=True)  # a corrupt file: one line
     else:
         cfg = make_config(command_line_values(config_file, algorithm, flags, sets))
         out_dir = Path(out or f"runs/{cfg.algorithm}")
@@ -183,26 +183,36 @@ def _launch(
     RunRecords(out_dir)  # --out naming a file: one line here, before any rank starts
     job["out"] = str(out_dir)
     job["progress"] = progress
+    job["plugins"] = plugin_files()  # algorithms registered outside privdl: every rank imports
     if _in_torchrun():
         from privdl.distributed_runner import worker_main
 
         worker_main(job)
+        if os.environ.get("RANK") == "0":
+            _print_launched(out_dir)
         return
-    from privdl.distributed_runner import cfg_nodes
-
     if str(cfg.device).startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but CUDA is not available on this machine")
-    n = cfg_nodes(cfg)
+    n = recipe_for(cfg).n_nodes(cfg)
     if nproc > n:
-        what = "clients" if cfg.algorithm in FEDERATED else f"nodes of graph {cfg.graph!r}"
+        graph = getattr(cfg, "graph", "server")
+        what = f"nodes of graph {graph!r}" if graph != "server" else "clients"
         raise ConfigError(
             f"--nproc {nproc} exceeds the {n} {what}; "
             f"use at most {n} processes (each owns at least one)"
         )
     spawn(job, nproc=nproc, master_addr=master_addr, master_port=master_port, timeout_s=timeout)
+    _print_launched(out_dir)
+
+
+def _print_launched(out_dir: Path) -> None:
+    """The summary of a launched run, as ``privdl run`` prints it (from its records)."""
+    summary = RunRecords(out_dir).summary()
+    if summary is not None:
+        _print_summary(summary, out_dir)
 
 
 launch = click.Command(

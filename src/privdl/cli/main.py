@@ -24,6 +24,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("privdl.cli.run", "run"),
     ("privdl.cli.run", "demo"),
     ("privdl.cli.run", "report"),
+    ("privdl.cli.run", "list_algorithms"),
     ("privdl.cli.account", "account"),
     ("privdl.cli.account", "calibrate"),
     ("privdl.cli.account", "plan"),

@@ -1,51 +1,69 @@
-"""``privdl run`` (one configured run), ``privdl demo`` (the README's main job)."""
+"""``privdl run`` (one configured run), ``privdl demo`` (the README's main job), ``privdl
+algorithms`` (what the registry holds).
+
+``privdl run``'s options are made from the registered algorithms' configuration models
+(:func:`privdl.registry.config_fields`): one option per config key, with the model's description
+as its help, so the CLI, config files and ``privdl.train`` accept the same keys.
+"""
 
 from __future__ import annotations
 
 import json
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import click
 
-from privdl.config import ALGORITHMS, RunConfig, load_config_file, make_config
+from privdl.config import CommonConfig, load_config_file
 from privdl.errors import ConfigError
+from privdl.registry import algorithms, config_fields, make_config
 
+
+def _click_type(annotation: Any) -> Any:
+    """int or float for numeric options (so ``--steps x`` is a usage error), else text."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _click_type(inner[0]) if len(inner) == 1 else str
+    if annotation is int:
+        return int
+    if annotation is float:
+        return float
+    return str
+
+
+def _field_options() -> dict[str, click.Option]:
+    """One option per config key of any registered algorithm (``--set`` takes any key too)."""
+    out: dict[str, click.Option] = {}
+    for key, info in config_fields().items():
+        if key == "algorithm":
+            continue
+        out[key] = click.Option(
+            [f"--{key.replace('_', '-')}", key], type=_click_type(info.annotation),
+            help=info.description, default=None,
+        )  # fmt: skip
+    return out
+
+
+_OPTIONS = _field_options()
 #: CLI flag -> config key for the options offered directly (others through --set KEY=VALUE).
-_FLAGS = {
-    "task": "task",
-    "model": "model",
-    "graph": "graph",
-    "mixing": "mixing",
-    "steps": "steps",
-    "lr": "lr",
-    "lr_decay": "lr_decay",
-    "batch_size": "batch_size",
-    "sampling": "sampling",
-    "clip": "clip",
-    "clip_mode": "clip_mode",
-    "sigma": "sigma",
-    "sigma_cor": "sigma_cor",
-    "weight_decay": "weight_decay",
-    "partition": "partition",
-    "seed": "seed",
-    "eval_every": "eval_every",
-    "device": "device",
-    "dtype": "dtype",
-    "data_dir": "data_dir",
-    "epsilon": "epsilon",
-    "delta": "delta",
-    "adversary": "adversary",
-    "label": "label",
-    "compressor": "compressor",
-    "gamma": "gamma",
-    "block_size": "block_size",
-    "noise_backend": "noise_backend",
-    "key_source": "key_source",
-    "clients": "clients",
-    "budgets": "budgets",
-    "local_epochs": "local_epochs",
-    "clients_per_round": "clients_per_round",
-}
+_FLAGS = {key: key for key in _OPTIONS}
+
+
+class AlgorithmName(click.ParamType):
+    """An algorithm of the registry (checked when the command runs, so algorithms registered
+    after import are accepted)."""
+
+    name = "algorithm"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        names = list(algorithms())
+        if value not in names:
+            self.fail(f"{value!r} is not one of {', '.join(names)}", param, ctx)
+        return str(value)
 
 
 def command_line_values(
@@ -77,7 +95,7 @@ def _parse_set(items: tuple[str, ...]) -> dict:
         if not eq:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         key = key.strip().replace("-", "_")
-        if key not in RunConfig.model_fields:
+        if key not in config_fields():
             raise ConfigError(f"unknown config key {key!r}")
         try:
             out[key] = json.loads(value)
@@ -86,89 +104,34 @@ def _parse_set(items: tuple[str, ...]) -> dict:
     return out
 
 
-@click.command("run")
-@click.argument("algorithm", required=False, type=click.Choice(ALGORITHMS))
-@click.option("--config", "config_file", type=click.Path(), help="TOML config file.")
-@click.option("--task", help="least-squares, a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10")
-@click.option(
-    "--model", help="Model name (default per task), or your nn.Module as package.module:Name."
-)
-@click.option(
-    "--graph",
-    help="Graph spec, e.g. ring:16, torus:4x4, an edge-list file, or expo:N (PrivSGP only).",
-)
-@click.option(
-    "--mixing",
-    help="decor, metropolis, max-degree, average, fdla, best-constant (default: fdla for PORTER "
-    "up to 256 nodes, best-constant above; metropolis otherwise).",
-)
-@click.option("--steps", type=int)
-@click.option("--lr", type=float)
-@click.option("--lr-decay", type=float, help="eta_t = lr/(1 + t/DECAY).")
-@click.option("--batch-size", type=int)
-@click.option("--sampling", help="without_replacement, poisson or full.")
-@click.option("--clip", type=float, help="Clipping threshold C.")
-@click.option("--clip-mode", help="per_sample, batch_mean or none.")
-@click.option(
-    "--sigma", type=float, help="Gaussian noise std (LDP/CDP/DECOR sigma, PORTER sigma_p, PrivSGP)."
-)
-@click.option("--sigma-cor", type=float, help="Correlated noise std (DECOR).")
-@click.option("--weight-decay", type=float)
-@click.option("--partition", help="iid, dirichlet:ALPHA or shards:K.")
-@click.option("--seed", type=int)
-@click.option("--eval-every", type=int)
-@click.option("--device", help="cpu or cuda.")
-@click.option("--dtype", help="float32 or float64.")
-@click.option("--data-dir", help="Where dataset files are looked up first.")
-@click.option("--epsilon", type=float, help="Target epsilon: the noise is calibrated to it.")
-@click.option("--delta", type=float)
-@click.option("--adversary", help="eavesdropper, curious, collusion:Q or ldp (DECOR).")
-@click.option("--label", help="A name for the run in reports.")
-@click.option(
-    "--compressor",
-    help="PORTER compressor: none, randk:F (alias random:F), urandk:F, bernk:F, topk:F, qsgd:L.",
-)
-@click.option("--gamma", type=float, help="PORTER consensus step size gamma in (0, 1].")
-@click.option("--block-size", type=int, help="PrivSGP-VR samples per SAGA table entry.")
-@click.option(
-    "--noise-backend",
-    help="Keyed Gaussian streams: auto (aes-ziggurat on CPU, chacha20 on CUDA), aes-ziggurat, "
-    "chacha20 or torch (docs/secrets.md).",
-)
-@click.option(
-    "--key-source",
-    help="seed (default: noise keys and DECOR's key pairs derived from --seed, a reproducible "
-    "simulation) or os (operating-system randomness; kept only in the checkpoint, under "
-    "privdl launch in OUT/keys/rank-R.pt).",
-)
-@click.option("--clients", type=int, help="Federated: number of clients (default 20).")
-@click.option(
-    "--budgets",
-    help="Federated: each client's epsilon, Dist1..Dist9 (the Robust-HDP paper's lists) or a "
-    "comma list (one value: every client).",
-)
-@click.option("--local-epochs", type=int, help="Federated: local epochs K per round (default 1).")
-@click.option("--clients-per-round", type=int, help="Federated: clients sampled per round.")
-@click.option("--set", "sets", multiple=True, help="Any config key: --set KEY=VALUE.")
-@click.option("--out", type=click.Path(), help="Output directory (default runs/<algorithm>).")
-@click.option(
-    "--seeds",
-    help="Repeat over seeds, e.g. 1,2,3 or 1-5: runs in OUT/seed-K, then a mean ± std table.",
-)
-@click.option(
-    "--resume", "resume_dir", type=click.Path(), help="Continue the run (or the seed runs) in DIR."
-)
-@click.option("--overwrite", is_flag=True, help="Replace an earlier run in --out.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: if a tty).")
-def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progress, **flags) -> None:
-    """Train ALGORITHM and record metrics and privacy spent.
+def _run_params() -> list[click.Parameter]:
+    return [
+        click.Argument(["algorithm"], required=False, type=AlgorithmName()),
+        click.Option(["--config", "config_file"], type=click.Path(), help="TOML config file."),
+        *_OPTIONS.values(),
+        click.Option(["--set", "sets"], multiple=True, help="Any config key: --set KEY=VALUE."),
+        click.Option(["--out"], type=click.Path(), help="Output directory (default runs/ALG)."),
+        click.Option(
+            ["--seeds"],
+            help="Repeat over seeds, e.g. 1,2,3 or 1-5: runs in OUT/seed-K, then a mean ± std "
+            "table.",
+        ),
+        click.Option(
+            ["--resume", "resume_dir"],
+            type=click.Path(),
+            help="Continue the run (or the seed runs) in DIR.",
+        ),  # fmt: skip
+        click.Option(["--overwrite"], is_flag=True, help="Replace an earlier run in --out."),
+        click.Option(
+            ["--progress/--no-progress"], default=None, help="Progress bar (default: if a tty)."
+        ),
+    ]
 
-    ALGORITHM: dsgd, ldp, cdp, decor (DECOR), porter-dp, porter-gc (PORTER), privsgp,
-    privsgp-vr (PrivSGP-VR; also on expo:N with push-sum); federated, with a server and
-    --clients instead of a graph (steps are rounds): robust-hdp (Robust-HDP), weiavg, pfa,
-    dpfedavg (the Robust-HDP paper's baseline: example-level DP-SGD on each client), mineps,
-    fedavg.
-    """
+
+def _run(
+    algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progress, **flags
+) -> None:
+    from privdl.loop import resume
     from privdl.records import (
         SEEDS_PLAN,
         make_dir,
@@ -176,14 +139,15 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
         seed_run_dirs,
         write_seeds_plan,
     )
-    from privdl.runner import resume
 
     if resume_dir:
         refuse_options_with_resume(algorithm, config_file, sets, out, seeds, overwrite, flags)
         parent = Path(resume_dir)
         plan = None if (parent / "config.json").is_file() else read_seeds_plan(parent)
         if plan is not None:  # every seed of the sweep: the cut-off ones and those not started
-            _run_seeds(make_config(plan[1]), plan[0], parent, progress, resume_existing=True)
+            _run_seeds(
+                make_config(plan[1], saved=True), plan[0], parent, progress, resume_existing=True
+            )
             return
         dirs = seed_run_dirs(resume_dir)
         if (parent / "config.json").is_file() or not dirs:
@@ -198,7 +162,7 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
     if seeds is None:
-        from privdl.runner import train
+        from privdl.loop import train
 
         summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
         _print_summary(summary, out_dir)
@@ -216,8 +180,44 @@ def run(algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progres
     _run_seeds(cfg, seed_list, out_dir, progress, overwrite=overwrite)
 
 
+run = click.Command(
+    "run",
+    params=_run_params(),
+    callback=_run,
+    help=(
+        "Train ALGORITHM and record metrics and privacy spent. `privdl algorithms` lists the "
+        "algorithms and what each is; federated algorithms take --clients instead of a graph "
+        "(steps are rounds)."
+    ),
+)
+
+
+@click.command("algorithms")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_algorithms(as_json: bool) -> None:
+    """The algorithms privdl can run (the registry): name, family, options of its family."""
+    rows = []
+    for name, entry in algorithms().items():
+        model = entry.recipe.config_model
+        own = [k for k in model.model_fields if k not in CommonConfig.model_fields]
+        rows.append(
+            {
+                "name": name,
+                "recipe": type(entry.recipe).__name__,
+                "description": entry.description,
+                "options": own,
+                "origin": entry.origin,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<12} {r['recipe']:<16} {r['description']}")
+
+
 def _run_seeds(
-    cfg: RunConfig,
+    cfg: CommonConfig,
     seeds: list[int],
     out_dir: Path,
     progress: bool | None,
@@ -227,7 +227,7 @@ def _run_seeds(
 ) -> None:
     """Train ``cfg`` once per seed into ``out_dir/seed-K`` (resuming the runs that exist when
     ``resume_existing``), then the mean ± std table."""
-    from privdl.runner import resume, train
+    from privdl.loop import resume, train
 
     dirs = []
     for seed in seeds:
@@ -350,7 +350,7 @@ def demo(
     out: str, steps: int, epsilon: float, graph: str, seeds: int, progress, overwrite: bool
 ) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""
-    from privdl.demo import run_demo
+    from privdl.cli.demo import run_demo
 
     table, report = run_demo(
         Path(out),

@@ -1,8 +1,16 @@
-"""Communicators: how nodes exchange messages (gossip, push-sum, server rounds)."""
+"""Communicators: how nodes exchange messages (gossip, push-sum, server rounds).
 
-from privdl.comm.base import Communicator, Tree
-from privdl.comm.distributed import DistributedCommunicator, DistributedKeyTransport
+``DistributedCommunicator`` and ``DistributedKeyTransport`` are imported on first use, so that
+only a run on several processes imports ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privdl.comm.base import Communicator
 from privdl.comm.local import LocalCommunicator
+from privdl.tree import Tree
 
 __all__ = [
     "Communicator",
@@ -11,3 +19,11 @@ __all__ = [
     "LocalCommunicator",
     "Tree",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("DistributedCommunicator", "DistributedKeyTransport"):
+        from privdl.comm import distributed
+
+        return getattr(distributed, name)
+    raise AttributeError(f"module 'privdl.comm' has no attribute {name!r}")

@@ -34,19 +34,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from privdl.comm.base import Communicator, Tree
+from privdl.comm.base import Communicator
 from privdl.errors import ConfigError, PrivdlError
 from privdl.mechanisms.secrets import as_edge_array
 from privdl.topology.mixing import MixingMatrix
 from privdl.topology.timevarying import ExponentialGraph
+from privdl.tree import Tree
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DistributedCommunicator",
     "DistributedError",
     "DistributedKeyTransport",
+    "all_gather_objects",
+    "backend_name",
+    "broadcast_object",
     "init_from_env",
     "shard_ranges",
+    "shutdown",
 ]
 
 #: Seconds a process waits for a peer before it gives up (process group and message timeout).
@@ -117,6 +122,30 @@ def init_from_env(*, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) 
     return dist.get_rank(), dist.get_world_size()
 
 
+def broadcast_object(obj: Any, *, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank of the initialised process group."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def backend_name() -> str:
+    """The process group's backend (gloo, nccl)."""
+    return str(dist.get_backend())
+
+
+def shutdown() -> None:
+    """Leave the process group (after a clean run)."""
+    dist.destroy_process_group()
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Who sends which rows to whom for one mixing matrix (computed identically on every rank).
@@ -163,8 +192,8 @@ class DistributedCommunicator(Communicator):
             raise ConfigError("n_nodes is required with a callable schedule")
         else:
             self.n_nodes = int(n_nodes)
-        self.rank = dist.get_rank() if rank is None else int(rank)
-        self.world_size = dist.get_world_size() if world_size is None else int(world_size)
+        self._rank = dist.get_rank() if rank is None else int(rank)
+        self._world_size = dist.get_world_size() if world_size is None else int(world_size)
         self.shards = shard_ranges(self.n_nodes, self.world_size)
         self.owner = np.repeat(np.arange(self.world_size), [len(s) for s in self.shards])
         self.device = torch.device(device)
@@ -178,6 +207,18 @@ class DistributedCommunicator(Communicator):
     @property
     def owned(self) -> torch.Tensor:
         return self._owned
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def backend(self) -> str | None:
+        return backend_name()
 
     # ----------------------------------------------------------------- plans
     def _plan(self, t: int) -> _Plan:
@@ -370,6 +411,24 @@ class DistributedCommunicator(Communicator):
         """The owned rows of a full ``(n, ...)`` tree."""
         mine = self.shards[self.rank]
         return {k: v[mine.start : mine.stop].clone() for k, v in tree.items()}
+
+    def key_transport(self, edges: Any) -> DistributedKeyTransport:
+        """Public keys to the ranks that own neighbouring nodes (batched point-to-point)."""
+        return DistributedKeyTransport(self, edges)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (``broadcast_object_list``)."""
+        try:
+            return broadcast_object(obj)
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail("broadcast", exc) from None
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        try:
+            return all_gather_objects(obj)
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail("all_gather", exc) from None
 
 
 class DistributedKeyTransport:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from privdl.comm.base import Communicator, Tree
+from privdl.comm.base import Communicator
+from privdl.mechanisms.secrets import LocalKeyTransport
 from privdl.topology.mixing import MixingMatrix
 from privdl.topology.timevarying import ExponentialGraph
+from privdl.tree import Tree
 
 #: Above this many nodes the mixing matrix is applied as a sparse CSR product.
 SPARSE_ABOVE = 256
@@ -68,11 +71,10 @@ class LocalCommunicator(Communicator):
         """The mixing matrix of step ``t`` as a torch tensor (dense or sparse CSR)."""
         if self._static is not None:
             return self._static
-        m = (
-            self.schedule.mixing(t)
-            if isinstance(self.schedule, ExponentialGraph)
-            else self.schedule(t)
-        )  # type: ignore[operator]
+        if isinstance(self.schedule, ExponentialGraph):
+            m = self.schedule.mixing(t)
+        else:
+            m = self.schedule(t)  # type: ignore[operator]  # a callable t -> MixingMatrix
         return self._to_torch(m)
 
     def _apply(self, x: torch.Tensor, t: int) -> torch.Tensor:
@@ -103,3 +105,15 @@ class LocalCommunicator(Communicator):
             w = weights.to(v.dtype).reshape(-1, *([1] * (v.dim() - 1)))
             out[k] = (w * v).sum(dim=0)
         return out
+
+    def all_gather_nodes(self, tree: Tree) -> Tree:
+        """Every node lives here: the tree itself."""
+        return tree
+
+    def shard(self, tree: Tree) -> Tree:
+        """Every node is owned here: the tree itself."""
+        return tree
+
+    def key_transport(self, edges: Any) -> LocalKeyTransport:
+        """An in-process board of public keys over all nodes."""
+        return LocalKeyTransport(edges, self.n_nodes)

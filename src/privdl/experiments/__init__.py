@@ -59,9 +59,8 @@ def get(name: str) -> Reproduction:
 
 def load_preset(name: str) -> dict[str, Any]:
     """Read ``privdl/presets/NAME.toml`` (shipped with the package)."""
-    from importlib import resources
-
     import tomllib
+    from importlib import resources
 
     path = resources.files("privdl") / "presets" / f"{name}.toml"
     if not path.is_file():

@@ -91,13 +91,16 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
 
     ``window`` w reproduces the code's ``errors[-w:-1]``: the iterates after steps T-w+1..T-1.
     """
-    from privdl.config import make_config
-    from privdl.runner import build
+    from privdl.algorithms.base import Keys
+    from privdl.loop import build_run
+    from privdl.registry import make_config
 
     cfg = make_config(values)
-    built = build(cfg)
+    built = build_run(cfg)
     task, algo = built.task, built.algorithm
-    state = algo.init(task.init_params(seed=cfg.seed), seed=cfg.seed)
+    state = algo.init(
+        task.init_params(seed=cfg.seed), task.oracle, built.comm, keys=Keys.from_seed(cfg.seed)
+    )
     steps = cfg.steps
     sums: dict[str, float] = {}
     count = 0
@@ -111,7 +114,7 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
     out["final"] = task.evaluate(state.params)
     out["sigma"] = built.cfg.sigma
     out["sigma_cor"] = built.cfg.sigma_cor
-    out["privacy"] = built.privacy(steps)
+    out["privacy"] = built.privacy(steps) if built.privacy is not None else None
     out["_task"] = task
     out["_params"] = state.params
     return out

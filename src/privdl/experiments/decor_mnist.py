@@ -67,14 +67,14 @@ def _accounted_decor_pair(
     (spec s.6.4), here with the composed accountant, so the run's accounted epsilon meets the
     target.
     """
-    from privdl.config import make_config
-    from privdl.privacy import calibrate, decor_pair_for_step_rdp
+    from privdl.privacy import decor_pair_for_step_rdp
+    from privdl.registry import make_config, recipe_for
     from privdl.tasks import build_task
     from privdl.topology import parse_graph
 
     cfg = make_config(dict(values, algorithm="ldp", graph=spec))
     topo = parse_graph(spec)
-    sigma_ldp = calibrate(cfg, topo, build_task(cfg)).sigma
+    sigma_ldp = recipe_for(cfg).calibrate(cfg, topo, build_task(cfg)).sigma
     c = float(cfg.clip) / batch
     rho = 2.0 * c * c / (sigma_ldp * sigma_ldp)
     grid = np.linspace(sigma_ldp / math.sqrt(topo.n), sigma_ldp, points)[1:]
@@ -135,8 +135,8 @@ def run_fig1c(
     ``overrides`` (``--set``) replace top-level preset values, e.g. ``seeds=1,123``,
     ``topologies=torus``, ``epsilons=3,10``, ``legacy_epsilons=`` (none), ``steps=1000``.
     """
-    from privdl.config import make_config
-    from privdl.privacy import LEGACY_LABEL, legacy_example_epsilon, step_rdp
+    from privdl.privacy import LEGACY_LABEL, legacy_example_epsilon
+    from privdl.registry import make_config, recipe_for
     from privdl.tasks import build_task
     from privdl.topology import parse_graph
 
@@ -197,7 +197,9 @@ def run_fig1c(
             r0 = runs[0]
             cfg = make_config(dict(base, algorithm=alg, graph=spec, lr=lr, clip=clip))
             topo_obj = parse_graph(spec if alg != "cdp" else "complete:16")
-            rho = step_rdp(cfg, topo_obj, r0["_task"], sigma=r0["sigma"], sigma_cor=r0["sigma_cor"])
+            rho = recipe_for(cfg).step_rdp(  # type: ignore[attr-defined]
+                cfg, topo_obj, r0["_task"], sigma=r0["sigma"], sigma_cor=r0["sigma_cor"]
+            )
             results[f"{kind}/{alg}/{topo}/{eps}"] = dict(
                 budget=kind,
                 algorithm=alg,

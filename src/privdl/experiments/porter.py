@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privdl.algorithms.base import Keys
 from privdl.algorithms.porter import (
     Porter,
     beer,
@@ -236,7 +237,7 @@ def run_curve(
 ) -> dict[str, Any]:
     """Train ``rounds`` rounds; log utility, its running average, test accuracy and bits per
     agent at x_bar every ``eval_every`` rounds, and the largest tracking-invariant violation."""
-    state = alg.init(task.init_params(seed=seed), seed=seed)
+    state = alg.init(task.init_params(seed=seed), task.oracle, comm, keys=Keys.from_seed(seed))
     curve: dict[str, Any] = {"round": [], "bits": [], "utility": [], "utility_avg": [], "loss": []}
     curve["accuracy"], bits, util_sum, invariant, scale = [], 0, 0.0, 0.0, 0.0
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from privdl.algorithms.base import StepSize
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.dp2sgd import DP2SGD, ring_matching
 from privdl.algorithms.privsgp import (
     ModelSamples,
@@ -136,7 +136,7 @@ def _run(
     table = describe_table(oracle) if vr else "none"
     if progress:
         _say(f"{label}: init (SAGA table: {table})", clock)
-    state = alg.init(params, oracle, seed=seed)
+    state = alg.init(params, oracle, comm, keys=Keys.from_seed(seed))
     marks = sorted({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)})
     curve = [{"k": 0, **_eval(model, params, train, test)}]
     init_s = time.time() - t0

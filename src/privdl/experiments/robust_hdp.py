@@ -23,12 +23,7 @@ import numpy as np
 import torch
 
 from privdl.algorithms.aggregators import build_aggregator, two_means_split
-from privdl.algorithms.federated import (
-    FederatedConfig,
-    FederatedDPSGD,
-    evaluate_clients,
-    split_train_test,
-)
+from privdl.algorithms.federated import evaluate_clients, split_train_test
 from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
 from privdl.errors import ConfigError, DataError
@@ -37,6 +32,7 @@ from privdl.models import build_model
 from privdl.records import save_torch_atomic, write_json_atomic
 from privdl.robust import RPCANotConvergedWarning
 from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
+from privdl.robust.trainer import FederatedConfig, FederatedDPSGD
 
 METHODS = ("robust-hdp", "weiavg", "pfa", "dpfedavg", "mineps", "fedavg")
 
@@ -344,7 +340,7 @@ def train_and_evaluate(
 
 def _privacy_note(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """What the Dist budgets mean: nominal per-client targets, and what is certified."""
-    from privdl.algorithms.federated import FederatedConfig
+    from privdl.robust.trainer import FederatedConfig
 
     ratios = [
         r["max_accounted_over_target"]

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from privdl.errors import ConfigError, GraphError, PrivacyError
+from privdl.errors import ConfigError, PrivacyError
+from privdl.mechanisms._edges import incident_edges, row_slots
 from privdl.mechanisms._pool import run_parallel, usable_cpus
 from privdl.mechanisms.fused_noise import (
     fused_available,
@@ -28,6 +29,7 @@ from privdl.mechanisms.fused_noise import (
 )
 from privdl.mechanisms.prng import NormalBackend, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
+from privdl.mechanisms.ziggurat import jit
 
 _MAX_THREADS = 8
 _PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a pool
@@ -112,38 +114,11 @@ def correlated_noise(
     return out.to(dtype=dtype)
 
 
-def incident_edges(
-    edge_keys: Sequence[bytes | None],
-    array: np.ndarray,
-    n_nodes: int,
-    nodes: Sequence[int] | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
-    """The requested rows (all nodes if ``nodes`` is None) and the edges incident to them, in
-    edge order: each such edge's output row at its lower and at its upper endpoint (-1 where that
-    endpoint is not requested) and its secret. ``array`` is the checked ``(|E|, 2)`` edge array."""
-    if nodes is None:
-        rows = np.arange(n_nodes)
-    else:
-        rows = np.asarray(list(nodes), dtype=np.int64).reshape(-1)
-        if np.any(rows < 0) or np.any(rows >= n_nodes) or len(np.unique(rows)) != len(rows):
-            raise GraphError(f"nodes must be distinct indices in [0, {n_nodes})")
-    position = np.full(n_nodes, -1, dtype=np.int64)
-    position[rows] = np.arange(len(rows))
-    lower, upper = position[array[:, 0]], position[array[:, 1]]
-    needed = np.flatnonzero((lower >= 0) | (upper >= 0))
-    keys = [edge_keys[e] for e in needed.tolist()]
-    if any(key is None for key in keys):
-        missing = array[needed[[k is None for k in keys]][0]].tolist()
-        raise PrivacyError(f"no secret for edge {tuple(missing)} incident to a requested node")
-    return rows, lower[needed], upper[needed], keys  # type: ignore[return-value]
-
-
 @cache
 def _signed_sum_kernel() -> Any:
     """numba, per column block: out[r] = cor_scale * (sum over row r's slots, in order, of
     sign * z[edge]) when ``use_cor``, plus ``cdp_scale * z[node_first + r]`` when ``node_first >= 0``
     (float32 ops in this order, never fused into an FMA: the values of the composed torch ops)."""
-    from privdl.mechanisms.ziggurat import jit
 
     @jit
     def kernel(
@@ -198,7 +173,7 @@ def _signed_sum_cpu(
     whatever other rows are computed; columns are split over the worker pool (elementwise, so the
     split changes nothing).
     """
-    ends, slot_edge, sign = _row_slots(lower, upper)
+    ends, slot_edge, sign = row_slots(lower, upper)
     indptr = np.searchsorted(ends, np.arange(out.shape[0] + 1)).astype(np.int64)
     zn, on = z.numpy(), out.numpy()
     kind = on.dtype.type  # the multiplies happen in the working dtype
@@ -210,20 +185,6 @@ def _signed_sum_cpu(
     run_parallel(lambda j: kernel(*args, bounds[j], bounds[j + 1]), workers)
 
 
-def _row_slots(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row, edge, sign) of every edge end that lands in an output row, by row then edge index.
-
-    ``lower``/``upper`` hold each edge's output row or -1; the sign is +1 at the lower endpoint.
-    """
-    ends = np.concatenate([lower, upper])
-    slot_edge = np.concatenate([np.arange(len(lower)), np.arange(len(upper))]).astype(np.int64)
-    sign = np.concatenate([np.ones(len(lower), np.int8), -np.ones(len(upper), np.int8)])
-    keep = ends >= 0
-    ends, slot_edge, sign = ends[keep], slot_edge[keep], sign[keep]
-    order = np.lexsort((slot_edge, ends))
-    return ends[order], slot_edge[order], sign[order]
-
-
 def _accumulate_signed(
     out: torch.Tensor, z: torch.Tensor, lower: np.ndarray, upper: np.ndarray
 ) -> None:
@@ -233,7 +194,7 @@ def _accumulate_signed(
     the maximum degree), not over nodes; every row sees the same sequence of additions
     whatever other rows are computed, which makes node subsets bit-identical to the full result.
     """
-    ends, slot_edge, sign = _row_slots(lower, upper)
+    ends, slot_edge, sign = row_slots(lower, upper)
     starts = np.searchsorted(ends, np.arange(out.shape[0]))
     slot = np.arange(len(ends)) - starts[ends]  # position of the edge in its row's list
     for k in range(int(slot.max()) + 1 if len(slot) else 0):

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from privdl.errors import ConfigError, PrivacyError
+from privdl.mechanisms._edges import incident_edges, row_slots
 from privdl.mechanisms.prng import (
     _ANGLE_STEP,
     _MAX_STREAM_BYTES,
@@ -45,6 +47,7 @@ from privdl.mechanisms.prng import (
     tl,
     triton,
 )
+from privdl.mechanisms.secrets import as_edge_array
 
 __all__ = ["block_steps", "fused_available", "fused_decor_noise", "prefetched_decor_noise"]
 
@@ -53,6 +56,7 @@ _KEYSTREAM_BLOCK = 256  # ChaCha20 blocks per program
 _PAIR_BLOCK = 1024  # Box-Muller pairs per program
 
 if triton is not None:
+    # module level, not in a function: prng defines its Triton kernel only where Triton is installed
     from privdl.mechanisms.prng import _chacha20_kernel
 
     if _INTERPRET:  # the interpreter has no libdevice; its numpy functions stand in
@@ -200,8 +204,6 @@ _EDGES_SEEN: dict[tuple[int, int], tuple[Any, np.ndarray, bytes]] = {}
 def _checked_edges(edges: Any, n_nodes: int) -> tuple[bytes, int]:
     """The validated edge array's bytes and length, remembered for the same edges object (a step
     would otherwise spend most of its host time validating the graph again)."""
-    from privdl.mechanisms.secrets import as_edge_array
-
     seen = _EDGES_SEEN.get((id(edges), n_nodes))
     if seen is not None and seen[0] is edges and isinstance(edges, np.ndarray):
         array = seen[1]
@@ -223,11 +225,9 @@ def _plan(
     n_nodes: int,
     device: str,
 ) -> _Plan:
-    from privdl.mechanisms.correlated import _row_slots, incident_edges
-
     array = np.frombuffer(edge_bytes, dtype=np.int64).reshape(-1, 2)
     _, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, rows)
-    ends, slot_edge, sign = _row_slots(lower, upper)
+    ends, slot_edge, sign = row_slots(lower, upper)
     indptr = np.searchsorted(ends, np.arange(len(rows) + 1))
     all_keys = [_check_key(k) for k in keys] + [_check_key(k) for k in node_keys]
     words = np.frombuffer(b"".join(all_keys), dtype="<u4").reshape(-1, 8).view(np.int32)
@@ -271,8 +271,6 @@ def fused_decor_noise(
     noise of iterations ``counter, ..., counter + K - 1``, still in two launches (each slab
     equals the one-iteration call at its counter).
     """
-    from privdl.errors import PrivacyError
-
     if triton is None:
         raise PrivacyError("fused noise needs Triton")
     device = torch.device(device)
@@ -307,8 +305,6 @@ def _plan_for(
     has_node: bool,
     device: torch.device,
 ) -> _Plan:
-    from privdl.errors import ConfigError
-
     edge_bytes, n_edges = _checked_edges(edges, n_nodes) if has_cor else (b"", 0)
     if has_cor and len(edge_keys) != n_edges:
         raise ConfigError(f"got {len(edge_keys)} edge keys for {n_edges} edges")

@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from privdl.errors import PrivacyError
 from privdl.mechanisms._pool import run_parallel, usable_cpus
+from privdl.mechanisms.ziggurat import ziggurat_rows
 
 try:  # optional: a fused ChaCha20 kernel for CUDA devices
     import triton
@@ -347,8 +348,6 @@ def _have_numba() -> bool:
 def _ziggurat_normals(
     keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
 ) -> torch.Tensor:
-    from privdl.mechanisms.ziggurat import ziggurat_rows
-
     checked = [_check_key(key) for key in keys]
     big = len(checked) * size * 4 >= _PARALLEL_BYTES
     workers = min(len(checked), _MAX_WORKERS, usable_cpus()) if big else 1

@@ -42,6 +42,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from privdl.errors import PrivacyError
+from privdl.mechanisms._pool import run_parallel
 
 __all__ = ["LAYERS", "R", "V", "aes_ctr_words", "compute_tables", "fill_rows", "ziggurat_rows"]
 
@@ -264,8 +265,6 @@ def ziggurat_rows(
     start with twice the words, so the result never depends on the margin (``_words`` sets it, for
     tests).
     """
-    from privdl.mechanisms._pool import run_parallel
-
     block = initial_block(counter, substream)
     out = np.empty((len(keys), size), dtype=np.float32)
     first = _row_words(size) if _words is None else _words

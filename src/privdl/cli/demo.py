@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from privdl.config import make_config
 from privdl.errors import ConfigError
+from privdl.loop import train
+from privdl.registry import make_config
 from privdl.report import load_runs, markdown_table, write_report
-from privdl.runner import train
 
 
 #: The four runs of the demo: (label, config changes).

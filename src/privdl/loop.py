@@ -1,0 +1,496 @@
+"""The one training loop: train, resume, seed sweeps, federated rounds, several processes.
+
+``train(cfg, out)`` builds the run's parts through its recipe (:mod:`privdl.registry`), records
+as it goes and returns the summary; ``resume(out)`` continues a run from its checkpoint. A
+:class:`World` says which process this is and makes the communicator: :class:`LocalWorld` (one
+process owns every node, the default) or :class:`privdl.distributed_runner.DistributedWorld`
+(``privdl launch`` / ``torchrun``: each process owns a shard of the nodes). Nothing else differs
+between them: rank 0 writes the records and checkpoints, every process steps its own nodes.
+
+Records (DESIGN.md, "Loop"): ``config.json`` first, then every ``eval_every`` steps the
+checkpoint and then its metrics row (append-only), ``summary.json`` last. A run cut off anywhere
+resumes where its checkpoint stands; its privacy ledger is a function of the step count, so a
+resumed run neither resets nor double-counts epsilon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from privdl.algorithms.base import Keys
+from privdl.comm.base import Communicator
+from privdl.comm.local import LocalCommunicator
+from privdl.config import CommonConfig
+from privdl.errors import ConfigError, PrivdlError, ReportedError
+from privdl.recipes.base import KEY_FIELDS, Recipe, Run
+from privdl.records import RunRecords, write_json_atomic
+from privdl.registry import make_config, recipe_for
+
+__all__ = [
+    "Callback",
+    "LocalWorld",
+    "Trained",
+    "World",
+    "build_run",
+    "resume",
+    "train",
+]
+
+CALIBRATION_FILE = "calibration.json"
+
+
+class World:
+    """Which process this is and how its communicator is made (the simulator: one process)."""
+
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+    def communicator(
+        self, schedule: Any, *, n_nodes: int, device: str, dtype: torch.dtype
+    ) -> Communicator:
+        """The communicator over ``n_nodes`` nodes mixing with ``schedule``."""
+        return LocalCommunicator(schedule, n_nodes=n_nodes, device=device, dtype=dtype)
+
+    def check(self, n_nodes: int) -> None:
+        """Refuse a run this world cannot hold (more processes than nodes)."""
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every process."""
+        return obj
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in rank order."""
+        return [obj]
+
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` says about the processes (nothing for one)."""
+        return {}
+
+    def fault_step(self) -> int | None:
+        """The step at which this process kills itself (``PRIVDL_DEBUG_KILL``; drills)."""
+        return None
+
+    def os_state(self, run: Run, out_dir: Path, ckpt: dict[str, Any] | None) -> Any:
+        """The initial state of a ``key_source = "os"`` run: fresh OS keys, or a resumed run's
+        (one process: kept in the checkpoint)."""
+        return os_state_from_checkpoint(run, ckpt)
+
+    def annotate_checkpoint(self, run: Run, state: Any, ckpt: dict[str, Any]) -> None:
+        """What a ``key_source = "os"`` checkpoint keeps of the keys (one process: the keys)."""
+        ckpt["keys"] = checkpoint_keys(run, state)
+
+
+class LocalWorld(World):
+    """One process owns every node (the simulator)."""
+
+
+class Callback(Protocol):
+    """Hooks a run calls on the writing process (rank 0); implement any of them.
+
+    ``on_evaluate(row)``: a metrics row was recorded (``step``, the task's metrics, ``privacy``);
+    ``on_checkpoint(path, step)``: the checkpoint at ``step`` was saved. Log to TensorBoard,
+    MLflow or anything else from here without privdl depending on them.
+    """
+
+    def on_evaluate(self, row: dict[str, Any]) -> None: ...
+
+    def on_checkpoint(self, path: Path, step: int) -> None: ...
+
+
+@dataclass
+class Trained:
+    """What a finished (or stopped) loop leaves: its summary, the run and its final state."""
+
+    summary: dict[str, Any]
+    run: Run
+    state: Any
+
+
+@dataclass
+class _Loop:
+    progress: bool | None = None
+    stop_after: int | None = None
+    callbacks: Sequence[Any] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- building a run -------------------------------------------------------------------------
+def _dtype(cfg: Any) -> torch.dtype:
+    return torch.float64 if cfg.dtype == "float64" else torch.float32
+
+
+def build_run(
+    cfg: CommonConfig,
+    *,
+    world: World | None = None,
+    calibrated: bool = False,
+    user: Any = None,
+) -> Run:
+    """Compose topology, communicator, task, algorithm, oracle and accountant of ``cfg``.
+
+    Unless ``calibrated`` (a resumed run's saved config, or rank 0's already), a target
+    ``epsilon`` is turned into noise levels first; the returned ``Run.cfg`` is the resolved
+    configuration. The run's keys are seeded (:meth:`Run.keys`); the loop replaces them for
+    ``key_source = "os"``. ``user``: the objects a Python caller gave (model, data).
+    """
+    world = world or LocalWorld()
+    recipe: Recipe = recipe_for(cfg)
+    cfg = recipe.prepare(cfg)
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but CUDA is not available on this machine")
+    topology, schedule = recipe.topology(cfg)
+    n = recipe.n_nodes(cfg)
+    task = recipe.make_task(cfg, n, user=user)
+    if not calibrated:
+        cfg = recipe.calibrate(cfg, topology, task)
+    comm = world.communicator(schedule, n_nodes=n, device=cfg.device, dtype=_dtype(cfg))
+    algorithm = recipe.algorithm(cfg, topology, task)
+    oracle = recipe.oracle(cfg, task, algorithm, comm.owned_list)
+    privacy = recipe.accountant(cfg, topology, task, algorithm)
+    run = Run(cfg, recipe, topology, comm, task, algorithm, oracle, privacy, Keys())
+    set_keys(run, Keys.from_seed(cfg.seed))
+    return run
+
+
+def set_keys(run: Run, keys: Keys) -> None:
+    """Give ``run`` its keys; the task's minibatches follow its sampling seed."""
+    run.keys = keys
+    if hasattr(run.task, "seed"):
+        run.task.seed = int(keys.sampling_seed)
+
+
+# -- the loop -------------------------------------------------------------------------------
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def short_info(row: dict[str, Any]) -> str:
+    """The progress bar's note: the headline metrics and the epsilon spent so far."""
+    parts = []
+    for key in ("loss", "accuracy", "optimality_gap"):
+        if key in row and isinstance(row[key], float):
+            parts.append(f"{key}={row[key]:.4g}")
+    priv = row.get("privacy")
+    if priv and isinstance(priv.get("epsilon"), float):
+        tag = " NOMINAL" if priv.get("nominal") else ""  # the full label is in the records
+        parts.append(
+            f"eps={priv['epsilon']:.3g}{tag} (delta={priv.get('delta', 0):.2g}, "
+            f"{priv.get('unit', '?')}, {priv.get('threat_model', '?')})"
+        )
+    return " ".join(parts)
+
+
+def row_missing(cfg: Any, t: int, have: set[Any]) -> bool:
+    """Whether a run starting (or resuming) at step ``t`` must write that step's row first:
+    step 0, or a checkpoint whose row a crash kept from the metrics (the checkpoint is saved
+    before its row is appended)."""
+    return t not in have and (t == 0 or t % cfg.eval_every == 0 or t == cfg.steps)
+
+
+def refuse_diverged(summary: dict[str, Any]) -> None:
+    """A run whose last evaluation was not finite ends with a clear error (after its records)."""
+    if summary["final"].get("diverged"):
+        raise PrivdlError(
+            f"training diverged at step {summary['steps_done']} (non-finite metrics); "
+            "lower --lr or clip"
+        )
+
+
+def _call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    for cb in callbacks:
+        fn = getattr(cb, hook, None)
+        if fn is not None:
+            fn(*args)
+
+
+def _finite(row: dict[str, Any]) -> bool:
+    return all(math.isfinite(v) for v in row.values() if isinstance(v, float))
+
+
+def run_loop(
+    run: Run,
+    records: RunRecords | None,
+    state: Any,
+    world: World,
+    *,
+    t0_wall: float,
+    options: _Loop,
+    save_checkpoint: Callable[[dict[str, Any], Any], None],
+) -> Trained:
+    """Advance ``state`` to ``cfg.steps``: evaluate, checkpoint and record every ``eval_every``.
+
+    Every process calls this; only the writer (rank 0) has ``records``; the stop flag and the
+    summary are rank 0's on every process.
+    """
+    cfg = run.cfg
+    writer = records is not None
+    enabled = writer and (sys.stderr.isatty() if options.progress is None else options.progress)
+    have = {r.get("step") for r in records.rows()} if records is not None else set()
+    start_wall = time.perf_counter() - t0_wall
+    kill = world.fault_step()
+    # evaluations gather every process's nodes: every process takes part, the writer records
+    if world.broadcast(writer and row_missing(cfg, state.t, have)):
+        row, _ = run.evaluate(state, t0_wall)
+        if records is not None and row is not None:
+            records.append(row)
+            _call(options.callbacks, "on_evaluate", row)
+    last_row, evaluated = None, False
+    label = cfg.algorithm + (f" x{world.size}" if world.size > 1 else "")
+    with _progress(enabled) as prog:
+        bar = prog.add_task(label, total=cfg.steps, completed=state.t, info="")
+        while state.t < cfg.steps:
+            if kill is not None and state.t == kill:
+                os.kill(os.getpid(), 9)  # SIGKILL: a drill of a dead process
+            state = run.advance(state)
+            t = state.t
+            prog.advance(bar)
+            if t % cfg.eval_every == 0 or t == cfg.steps:
+                evaluated = True
+                row, ckpt = run.evaluate(state, time.perf_counter() - start_wall)
+                stop = False
+                if records is not None and row is not None and ckpt is not None:
+                    if not _finite(row):
+                        row["diverged"] = True
+                    save_checkpoint(ckpt, state)
+                    _call(options.callbacks, "on_checkpoint", records.checkpoint_path, t)
+                    if t not in have:
+                        records.append(row)
+                        _call(options.callbacks, "on_evaluate", row)
+                    last_row, stop = row, bool(row.get("diverged"))
+                    prog.update(bar, info=short_info(row))
+                if world.broadcast(stop):
+                    break
+            if options.stop_after is not None and t >= options.stop_after:
+                return Trained({"stopped_at": t}, run, state)
+    if not evaluated:  # resumed at the last step: evaluate the checkpointed state
+        last_row, _ = run.evaluate(state, time.perf_counter() - start_wall)
+    summary = None
+    if records is not None:
+        summary = finish_run(run, records, last_row, state.t, **world.summary(), **options.extra)
+    summary = world.broadcast(summary)
+    refuse_diverged(summary)
+    return Trained(summary, run, state)
+
+
+def finish_run(
+    run: Run, records: RunRecords, last_row: dict[str, Any] | None, t: int, **extra: Any
+) -> dict[str, Any]:
+    """Write ``summary.json`` (the final row, config, topology, calibration and ``extra``)."""
+    import json
+
+    summary = {
+        "config": run.cfg.model_dump(),
+        "final": last_row,
+        "steps_done": t,
+        "completed": t == run.cfg.steps,
+        "topology": run.topology.summary(),
+        **extra,
+    }
+    cal = records.dir / CALIBRATION_FILE
+    if cal.is_file():
+        summary["calibration"] = json.loads(cal.read_text())
+    records.finish(summary)
+    return summary
+
+
+def write_calibration(records: RunRecords, record: dict[str, Any] | None) -> None:
+    """Save the accounted and nominal noise levels of a calibrated run (``calibration.json``)."""
+    path = records.dir / CALIBRATION_FILE
+    if record is not None:
+        write_json_atomic(path, record)
+    elif path.exists():  # an overwritten earlier run's
+        path.unlink()
+
+
+# -- keys of key_source = "os" runs -----------------------------------------------------------
+def key_fields(state: Any) -> list[str]:
+    """The stream-key fields a state has (each node's noise keys, DECOR's edge secrets)."""
+    return [k for k in KEY_FIELDS if hasattr(state, k)]
+
+
+def os_state_from_checkpoint(run: Run, ckpt: dict[str, Any] | None) -> Any:
+    """One process, ``key_source = "os"``: fresh OS keys, or a resumed run's keys from its
+    checkpoint (the only place they are kept)."""
+    cfg = run.cfg
+    keys = ckpt.get("keys") if ckpt is not None else None
+    saved_seed = keys.get("sampling_seed") if isinstance(keys, dict) else None
+    set_keys(run, Keys.from_os(cfg.seed, sampling_seed=saved_seed))
+    state = run.init_state()
+    if ckpt is None or not key_fields(state):
+        return state
+    if not isinstance(keys, dict):
+        where = (
+            "a privdl launch run keeps them per rank (OUT/keys); resume it with privdl "
+            "launch --resume and the same --nproc"
+            if "key_run_id" in ckpt
+            else "the run cannot be resumed"
+        )
+        raise PrivdlError(f"the checkpoint of this key_source=os run holds no keys: {where}")
+    if saved_seed is None:
+        raise PrivdlError(
+            "the checkpoint of this key_source=os run predates its sampling seed (an "
+            "earlier privdl): the run cannot be resumed"
+        )
+    saved = {k: tuple(v) for k, v in keys.items() if k != "sampling_seed"}
+    return dataclasses.replace(state, **saved)
+
+
+def checkpoint_keys(run: Run, state: Any) -> dict[str, Any]:
+    """What a one-process ``key_source = "os"`` checkpoint keeps: the stream keys and the
+    sampling seed (not derivable: the run cannot resume without them)."""
+    keys: dict[str, Any] = {k: list(getattr(state, k)) for k in key_fields(state)}
+    keys["sampling_seed"] = int(run.keys.sampling_seed)
+    return keys
+
+
+# -- train and resume -----------------------------------------------------------------------
+def fit(
+    cfg: CommonConfig | dict[str, Any] | None,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    world: World | None = None,
+    progress: bool | None = None,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    callbacks: Sequence[Any] = (),
+    user: Any = None,
+    extra: dict[str, Any] | None = None,
+    on_start: Callable[[RunRecords, CommonConfig], None] | None = None,
+) -> Trained:
+    """Train ``cfg`` into ``out_dir`` (or, with ``resume``, continue the run there) on this
+    process of ``world``; every process of a multi-process run calls it.
+
+    Rank 0 holds the run directory's lock, validates and calibrates (bad input fails before
+    ``out_dir`` is made), writes the records and decides; the other processes get its config,
+    checkpoint and verdicts by broadcast. ``on_start(records, cfg)``: called on rank 0 once the
+    run directory is held (a new run's after its config is written).
+    """
+    world = world or LocalWorld()
+    records = RunRecords(out_dir)
+    with ExitStack() as held:
+        run: Run | None = None
+        ckpt: dict[str, Any] | None = None
+        error: PrivdlError | None = None
+        done: dict[str, Any] | None = None
+        if world.is_writer:
+            try:
+                if resume:
+                    saved = records.config()  # refuses a directory that holds no run
+                    held.enter_context(records.exclusive())
+                    cfg = make_config(saved, saved=True)
+                    if on_start is not None:
+                        on_start(records, cfg)
+                    done = records.summary()
+                    if done is None:
+                        ckpt = records.load_checkpoint()
+                        if ckpt is not None and "keys" in ckpt and world.size > 1:
+                            raise PrivdlError(
+                                "this key_source=os run was started in one process and keeps "
+                                "its keys in its checkpoint: resume it with privdl run --resume "
+                                "(nothing was sent to the other processes)"
+                            )
+                else:
+                    start = cfg if isinstance(cfg, CommonConfig) else make_config(dict(cfg or {}))
+                    run = build_run(start, world=world, user=user)  # calibrated once, here
+                    cfg = run.cfg
+                    assert isinstance(cfg, CommonConfig)
+                    held.enter_context(records.exclusive())
+                    records.start(cfg.model_dump(), overwrite=overwrite)
+                    if on_start is not None:
+                        on_start(records, cfg)
+                    write_calibration(records, run.calibration())
+            except PrivdlError as exc:
+                error = exc
+        status = None if error is None else str(error)
+        cfg, status, finished = world.broadcast((cfg, status, done is not None))
+        if status is not None:  # rank 0 raises it; the others exit quietly with code 2
+            if error is not None:
+                raise error
+            raise ReportedError(status)
+        if finished:
+            summary = world.broadcast(done)
+            refuse_diverged(summary)  # a diverged run stays an error, as when it stopped
+            return Trained(summary, run, None)  # type: ignore[arg-type]
+        assert isinstance(cfg, CommonConfig)
+        if world.size > 1:
+            ckpt = world.broadcast(ckpt)
+        if run is None:
+            run = build_run(cfg, world=world, calibrated=True, user=user)
+        if cfg.key_source == "os":
+            state = world.os_state(run, Path(out_dir), ckpt)
+        else:
+            state = run.init_state()
+        wall = 0.0
+        if ckpt is not None:
+            state = run.recipe.restore(run, state, ckpt)
+            wall = float(ckpt.get("wall_time", 0.0))
+
+        os_keys = cfg.key_source == "os"
+
+        def save(ck: dict[str, Any], at: Any) -> None:
+            if os_keys:
+                world.annotate_checkpoint(run, at, ck)
+            records.save_checkpoint(ck)
+
+        options = _Loop(progress, stop_after, callbacks, dict(extra or {}))
+        writer_records = records if world.is_writer else None
+        return run_loop(run, writer_records, state, world, t0_wall=wall, options=options,
+                        save_checkpoint=save)  # fmt: skip
+
+
+def train(
+    cfg: CommonConfig | dict[str, Any],
+    out_dir: str | Path,
+    *,
+    progress: bool | None = None,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    callbacks: Sequence[Any] = (),
+    world: World | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` and write its records into ``out_dir``; returns the summary.
+
+    ``progress=None`` shows a progress bar only when stderr is a terminal. ``stop_after`` ends
+    the run early after that many steps without a summary (used to test resuming).
+    """
+    return fit(
+        cfg, out_dir, progress=progress, overwrite=overwrite, stop_after=stop_after,
+        callbacks=callbacks, world=world,
+    ).summary  # fmt: skip
+
+
+def resume(
+    out_dir: str | Path,
+    *,
+    progress: bool | None = None,
+    callbacks: Sequence[Any] = (),
+    world: World | None = None,
+) -> dict[str, Any]:
+    """Continue the run in ``out_dir`` from its checkpoint (or return its summary if complete)."""
+    return fit(None, out_dir, resume=True, progress=progress, callbacks=callbacks,
+               world=world).summary  # fmt: skip

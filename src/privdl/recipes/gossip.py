@@ -1,0 +1,219 @@
+"""Noisy gossip: D-SGD and its private versions, by where the noise goes.
+
+One family (DECOR, Allouah et al., ICML 2024, Algorithm 1, and its baselines): every node clips
+its gradient, adds noise, takes a step and gossips with its neighbours. A
+:class:`GossipRecipe` instance is one algorithm of the family, set by its ``noise`` kind:
+
+* ``None`` — plain D-SGD (no clipping needed, no noise, no privacy);
+* ``"local"`` — each node adds ``N(0, sigma^2 I)`` (DECOR's LDP baseline; threat model ``ldp``);
+* ``"central"`` — exact averaging W = J on the complete graph with noise ``sigma/sqrt(n)`` per
+  node, i.e. DP-SGD with a trusted aggregator (DECOR's CDP baseline; threat model ``central``;
+  one node is plain DP-SGD);
+* ``"correlated"`` — DECOR: ``sigma_cdp`` per node plus pairwise-cancelling ``sigma_cor`` per
+  edge from X25519 secrets, accounted per threat model by the SecRDP accountant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from privdl.algorithms.base import StepSize
+from privdl.algorithms.decor import Decor
+from privdl.config import CommonConfig, parse_adversary_label
+from privdl.engine.grads import ClipSpec
+from privdl.errors import ConfigError
+from privdl.optim import parse_optimizer
+from privdl.privacy import NoiseKind, calibrate_noise, spent, step_rdp, with_key_note
+from privdl.recipes.base import refuse_non_private
+from privdl.recipes.decentralized import DecentralizedConfig, DecentralizedRecipe
+from privdl.topology import complete, mixing_matrix, parse_topology
+
+__all__ = ["GossipConfig", "GossipRecipe"]
+
+
+class GossipConfig(DecentralizedConfig):
+    """Options of the noisy-gossip family."""
+
+    sigma_cor: float = Field(default=0.0, description="Correlated noise std (DECOR).")
+    weight_decay: float = Field(default=0.0, description="Weight decay (outside the clipping).")
+    adversary: str = Field(
+        default="eavesdropper",
+        description="eavesdropper, curious, collusion:Q or ldp (DECOR's threat models).",
+    )
+    optimizer: str | dict[str, Any] = Field(
+        default="sgd",
+        description="Applied per node to the privatized gradient: sgd, adam, adamw, or options "
+        "as sgd:momentum=0.9,nesterov=true (with weight_decay: torch.optim's semantics).",
+    )
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer(cls, v: Any) -> Any:
+        """A canonical spec: ``"sgd"`` for plain SGD, else the optimizer's ``to_dict()``."""
+        try:
+            opt = parse_optimizer(optimizer_spec(v))
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        spec = opt.to_dict() if hasattr(opt, "to_dict") else v
+        plain = {"name": "sgd", "momentum": 0.0, "dampening": 0.0, "nesterov": False}
+        if isinstance(spec, dict) and {**plain, "weight_decay": 0.0} == spec:
+            return "sgd"
+        return spec
+
+    @field_validator("sigma_cor", "weight_decay")
+    @classmethod
+    def _finite_nonneg(cls, v: float, info: Any) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{info.field_name} must be a finite number >= 0")
+        return v
+
+    @field_validator("adversary")
+    @classmethod
+    def _adversary(cls, v: str) -> str:
+        return parse_adversary_label(v)
+
+
+def optimizer_spec(v: Any) -> Any:
+    """``"name:key=value,..."`` (the CLI form) as the mapping :func:`parse_optimizer` takes."""
+    if not isinstance(v, str) or ":" not in v:
+        return v
+    name, _, rest = v.partition(":")
+    out: dict[str, Any] = {"name": name.strip()}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ConfigError(f"optimizer {v!r}: expected NAME:KEY=VALUE,...")
+        text = raw.strip().lower()
+        value: Any
+        if text in ("true", "false"):
+            value = text == "true"
+        else:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"optimizer {v!r}: {key.strip()} takes a number") from None
+        out[key.strip()] = value
+    return out
+
+
+class GossipRecipe(DecentralizedRecipe):
+    """One algorithm of the noisy-gossip family (module docstring); ``default_graph``: the graph
+    a run takes when none is given (plain DP-SGD: one node)."""
+
+    config_model: ClassVar[type[CommonConfig]] = GossipConfig
+
+    def __init__(self, *, noise: NoiseKind | None, default_graph: str | None = None) -> None:
+        self.noise: Literal["local", "central", "correlated"] | None = noise
+        self.default_graph = default_graph
+
+    def default_mixing(self, cfg: Any) -> str:
+        # central noise: exact averaging W = J (DECOR's CDP baseline), whatever the graph
+        return "average" if self.noise == "central" else "metropolis"
+
+    def resolve(self, cfg: Any, given: Mapping[str, Any]) -> Any:
+        if self.noise == "central":  # records what runs: exact averaging (configs that named
+            cfg = cfg.model_copy(update={"mixing": "average"})  # another rule ran it too)
+        if self.default_graph is not None and "graph" not in given:
+            cfg = cfg.model_copy(update={"graph": self.default_graph})
+        if self.noise != "correlated" and given.get("adversary", "eavesdropper") != "eavesdropper":
+            against = {None: "no adversary (it adds no noise)", "local": "ldp (per-node noise)"}
+            raise ConfigError(
+                "adversary applies to correlated noise (DECOR's SecLDP threat models); "
+                f"{cfg.algorithm} is accounted against "
+                f"{against.get(self.noise, 'central (a trusted aggregator)')}"
+            )
+        if self.noise is None:
+            refuse_non_private(cfg, given, private_names="the algorithms that add noise")
+        return super().resolve(cfg, given)
+
+    def topology(self, cfg: Any) -> tuple[Any, Any]:
+        if self.noise != "central":
+            return super().topology(cfg)
+        # exact averaging W = J on the complete graph (DECOR's CDP baseline, Section 6)
+        topo = complete(parse_topology(cfg.graph).n)
+        return topo, mixing_matrix(topo, "average")
+
+    def calibrate(self, cfg: Any, topology: Any, task: Any) -> Any:
+        if cfg.epsilon is not None and (cfg.sigma > 0 and self.noise != "correlated"):
+            raise ConfigError("give either a target epsilon or an explicit sigma, not both")
+        if cfg.epsilon is not None and cfg.sigma_cor > 0:
+            raise ConfigError("give either a target epsilon or an explicit sigma_cor, not both")
+        if cfg.epsilon is None or self.noise is None:
+            return cfg
+        levels = calibrate_noise(cfg, topology, task, noise=self.noise, adversary=cfg.adversary)
+        return cfg.with_updates(**levels)
+
+    def _optimizer(self, cfg: Any) -> tuple[Any, float]:
+        """The optimizer (None: plain SGD) and the decoupled weight decay left to the step."""
+        if cfg.optimizer == "sgd":
+            return None, cfg.weight_decay
+        spec = dict(cfg.optimizer)
+        if cfg.weight_decay > 0:
+            if spec.get("weight_decay", 0.0):
+                raise ConfigError("give weight_decay once: as an option or in the optimizer")
+            spec["weight_decay"] = cfg.weight_decay
+        return parse_optimizer(spec), 0.0
+
+    def algorithm(self, cfg: Any, topology: Any, task: Any) -> Any:
+        alg = cfg.algorithm
+        clip = ClipSpec(mode=cfg.clip_mode, threshold=cfg.clip, kind=cfg.clip_kind)
+        step = StepSize(cfg.lr, cfg.lr_decay)
+        optimizer, weight_decay = self._optimizer(cfg)
+        if self.noise is None:
+            if cfg.sigma > 0 or cfg.sigma_cor > 0:
+                raise ConfigError(
+                    f"algorithm {alg!r} is non-private: drop sigma and sigma_cor (choose an "
+                    "algorithm that adds noise)"
+                )
+        elif cfg.clip_mode == "none":
+            raise ConfigError(f"algorithm {alg!r} needs clipping (set clip)")
+        elif self.noise == "correlated":
+            if cfg.sigma <= 0:
+                raise ConfigError(
+                    f"algorithm {alg!r} needs sigma (sigma_cdp) > 0 or a target epsilon"
+                )
+        elif cfg.sigma <= 0:
+            raise ConfigError(f"algorithm {alg!r} needs a noise std sigma > 0")
+        elif cfg.sigma_cor > 0:
+            raise ConfigError(f"algorithm {alg!r} has no correlated noise (sigma_cor)")
+        # one step for the whole family: DECOR's, with the noise this algorithm adds
+        return Decor(
+            step,
+            edges=topology.edges,
+            n_nodes=topology.n,
+            clip=clip,
+            sigma_cdp=cfg.sigma,
+            sigma_cor=cfg.sigma_cor,
+            weight_decay=weight_decay,
+            noise_backend=cfg.noise_backend,
+            optimizer=optimizer,
+        )
+
+    def step_rdp(
+        self, cfg: Any, topology: Any, task: Any, *, sigma: float, sigma_cor: float = 0.0
+    ) -> float:
+        """The per-step RDP slope of this algorithm's noise at ``sigma`` (and ``sigma_cor``)."""
+        if self.noise is None:
+            raise ConfigError(f"{cfg.algorithm} adds no noise: it has no privacy slope")
+        return step_rdp(
+            cfg, topology, task, noise=self.noise, adversary=cfg.adversary, sigma=sigma,
+            sigma_cor=sigma_cor,
+        )  # fmt: skip
+
+    def accountant(self, cfg: Any, topology: Any, task: Any, algorithm: Any) -> Any:
+        if self.noise is None or cfg.sigma <= 0:
+            return None
+        at = spent(
+            cfg,
+            topology,
+            task,
+            noise=self.noise,
+            adversary=cfg.adversary,
+            sigma=cfg.sigma,
+            sigma_cor=cfg.sigma_cor,
+        )
+        return with_key_note(at, cfg.key_source)
