@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -246,8 +248,12 @@ def test_datasets_and_per_node_data_train_and_a_resume_checks_the_data(tmp_path)
                   steps=4, eval_every=2, batch_size=8, dtype=D64, progress=False)  # fmt: skip
     a = privdl.train(data=(x, y), out=tmp_path / "a", **common)
     b = privdl.train(data=ds, out=tmp_path / "b", **common)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True)  # as an Opacus user has
+    no_batch = {k: v for k, v in common.items() if k != "batch_size"}
+    c0 = privdl.train(data=loader, out=tmp_path / "c0", **no_batch)
+    assert c0.config.batch_size == 8
     for k in a.params:
-        assert torch.equal(a.params[k], b.params[k])
+        assert torch.equal(a.params[k], b.params[k]) and torch.equal(a.params[k], c0.params[k])
     parts = [(x[i::3], y[i::3]) for i in range(3)]  # each node's own data
     c = privdl.train(data=parts, out=tmp_path / "c", partition="iid", **common)
     assert c.summary["completed"]
@@ -315,3 +321,35 @@ def test_keyword_only_and_unknown_keys(tmp_path):
         privdl.train(out=tmp_path / "x", algorithm="porter-dp", optimizer="adam")
     assert not (tmp_path / "x").exists()
     np.testing.assert_equal(len(NAMES), len(set(NAMES)))
+
+
+def test_an_entry_point_registers_for_every_process_and_launch(tmp_path, monkeypatch):
+    """A package's ``privdl.algorithms`` entry point: a fresh process lists the algorithm, and
+    ``privdl launch`` (whose ranks import the registering file too) runs it to the launcher's
+    result."""
+    import subprocess
+
+    dist = tmp_path / "site" / "toy_ep-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-ep\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[privdl.algorithms]\ntoy = toy_algorithm\n")
+    path = f"{tmp_path / 'site'}:{Path(toy_algorithm.__file__).parent}"
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    listed = subprocess.run(
+        [sys.executable, "-m", "privdl", "algorithms", "--json"],
+        capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    origin = {r["name"]: r["origin"] for r in json.loads(listed.stdout)}[toy_algorithm.NAME]
+    assert Path(origin).resolve() == Path(toy_algorithm.__file__).resolve()
+    monkeypatch.setenv("PYTHONPATH", path)
+    args = ["launch", "--nproc", "2", toy_algorithm.NAME, "--task", "least-squares", "--graph",
+            "ring:6", "--steps", "4", "--eval-every", "2", "--clip", "1", "--clip-mode",
+            "batch_mean", "--sigma", "0.3", "--dtype", "float64", "--lr", "0.05", "--out",
+            str(tmp_path / "launched"), "--no-progress"]  # fmt: skip
+    assert cli_main(args) == 0
+    single = privdl.train(out=tmp_path / "single", progress=False, **{
+        **{k: v for k, v in TOY.items() if k != "epsilon"}, "steps": 4, "eval_every": 2,
+        "sigma": 0.3, "beta": 0.5})  # fmt: skip
+    ckpt = RunRecords(tmp_path / "launched").load_checkpoint()
+    for k in single.params:
+        assert torch.equal(ckpt["params"][k], single.params[k])

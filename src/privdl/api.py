@@ -16,9 +16,11 @@
 * ``model``: an ``nn.Module`` (every node starts from its weights), a function or class that makes
   one (called once under a torch seed drawn from the run's ``seed``: every node starts from that
   draw, and a resumed or launched run rebuilds it), or a model name;
-* ``data``: ``(X, y)`` tensors or arrays, a ``torch.utils.data.Dataset``, or a list of per-node
-  datasets (each node's own data); ``eval_data`` the same (default: the training data). The
-  run's ``partition`` (iid, dirichlet:ALPHA, shards:K) splits data that is not per node;
+* ``data``: ``(X, y)`` tensors or arrays, a ``torch.utils.data.Dataset`` or ``DataLoader`` (its
+  dataset, and its batch size unless ``batch_size`` is given; privdl draws the minibatches
+  itself, as the accountant assumes), or a list of per-node datasets (each node's own data);
+  ``eval_data`` the same (default: the training data). The run's ``partition`` (iid,
+  dirichlet:ALPHA, shards:K) splits data that is not per node;
 * ``optimizer``: ``"sgd"``, ``"adam"``, ``"adamw"`` or options (``{"name": "sgd", "momentum":
   0.9}``), applied per node to the privatized gradient (gossip algorithms); the accountant is
   unchanged (post-processing);
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from torch.utils.data import DataLoader
 
 from privdl.config import CommonConfig, load_config_file
 from privdl.data.custom import user_data
@@ -139,6 +142,12 @@ def _user_objects(
     elif model is not None:
         obj = model
     udata = None
+    if isinstance(data, DataLoader):  # Opacus-style: the loader's dataset and its batch size
+        if "batch_size" not in values and data.batch_size is not None:
+            values["batch_size"] = int(data.batch_size)
+        data = data.dataset
+    if isinstance(eval_data, DataLoader):
+        eval_data = eval_data.dataset
     if data is not None:
         if values.get("task", "user") != "user":
             raise ConfigError(f"give task={values['task']!r} or data=..., not both")

@@ -221,7 +221,9 @@ def calibrate_noise(
     if noise == "central":
         return {"sigma": sigma_ldp / math.sqrt(topo.n) * (1 + 1e-9), "delta": delta}
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
-    one_step = dict(epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=adversary)
+    one_step: dict[str, Any] = dict(
+        epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=adversary
+    )
     given = cfg.sigma if cfg.sigma > 0 else None
     try:
         cal = calibrate_sigma_cor(topo.graph, sigma_cdp=given, **one_step)

@@ -65,7 +65,7 @@ def environment() -> dict[str, Any]:
     """Package versions, Python, platform and torch threading facts."""
     import torch
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("privdl", "torch", "numpy", "scipy", "networkx", "dp-accounting", "cryptography"):
         try:
             versions[pkg] = metadata.version(pkg)

@@ -12,10 +12,11 @@ import functools
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privdl.errors import PrivdlError
+from privdl.errors import ConfigError, PrivdlError
 from privdl.records import RecordsWarning, RunRecords, make_dir, seed_run_dirs
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
@@ -48,7 +49,7 @@ def run_label(cfg: dict[str, Any]) -> str:
 
 def _central(cfg: dict[str, Any]) -> bool:
     """Whether the run's noise is central (exact averaging over the complete graph, W = J)."""
-    from privdl.errors import ConfigError
+    # heavy: the registry imports torch and every recipe; the report reads records without them
     from privdl.registry import recipe_for
 
     try:
@@ -98,6 +99,7 @@ def _field_order(key: str) -> tuple[int, str]:
 
 @functools.cache
 def _config_fields() -> dict[str, int]:
+    # heavy: the registry imports torch and every recipe; the report reads records without them
     from privdl.registry import config_fields
 
     return {name: i for i, name in enumerate(config_fields())}
@@ -118,7 +120,7 @@ def privacy_text(priv: dict[str, Any] | None) -> str:
     )
 
 
-def load_runs(dirs: list[str | Path]) -> list[dict[str, Any]]:
+def load_runs(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     """The records of each run in ``dirs``; a directory ``--seeds`` wrote stands for its runs."""
     runs = []
     expanded: list[str | Path] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -82,7 +82,7 @@ class LeastSquaresTask:
         a = self._a[:, None]
         grads = {"x": a * (a * x - self._b)}
         if clip.mode != "none":
-            grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
+            grads = clip_by_global_norm(grads, cast(float, clip.threshold), kind=clip.kind)
         return GradResult(grads=grads, loss=self._losses(x), per_sample_norms=None)
 
     def oracle_for(self, nodes: Sequence[int] | None = None):
@@ -96,7 +96,7 @@ class LeastSquaresTask:
             x = params["x"]
             grads = {"x": a * (a * x - b)}
             if clip.mode != "none":
-                grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
+                grads = clip_by_global_norm(grads, cast(float, clip.threshold), kind=clip.kind)
             loss = 0.5 * (a * x - b).pow(2).sum(dim=-1)
             return GradResult(grads=grads, loss=loss, per_sample_norms=None)
 
@@ -210,6 +210,7 @@ class SupervisedTask:
     def oracle(self, params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
         """Clipped gradients of every node on its minibatch of step ``t``."""
         data = self.data
+        mask: torch.Tensor | None
         if self.sampling == "full":
             xb, yb, mask = data.x, data.y, data.valid
             denom = None
@@ -250,6 +251,7 @@ class SupervisedTask:
         x_all, y_all = data.x[idx], data.y[idx]
 
         def shard_oracle(params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
+            mask: torch.Tensor | None
             if self.sampling == "full":
                 xb, yb, mask, denom = x_all, y_all, data.valid[idx], None
             else:

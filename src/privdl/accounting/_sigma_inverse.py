@@ -35,6 +35,7 @@ deletion in O(n deg) after one O(n^3) inverse.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import networkx as nx
 import numpy as np
@@ -166,7 +167,7 @@ def _grounded_sparse_diagonal(lap: sp.spmatrix, sigma_cdp: float, sigma_cor: flo
         lu = _factor(s2 * sp.identity(sub.shape[0], format="csc") + c2 * sub)
         diag_rest = _diag_from_factor(lu, sub.shape[0])
         w = lu.solve(np.ones(sub.shape[0]))
-        total = np.bincount(lab_rest, weights=w, minlength=len(sizes))
+        total: np.ndarray = np.bincount(lab_rest, weights=w, minlength=len(sizes))  # float64
     else:
         total = np.zeros(len(sizes))
     schur = s2 * (sizes - s2 * total)
@@ -247,7 +248,7 @@ def deletion_maxima(
         nb_all = np.stack([nbrs[v] for v in vs]) if k > 0 else np.zeros((len(vs), 0), np.int64)
         chunk = max(1, int(4_000_000 // (h * (int(k) + 1))))
         for start in range(0, len(vs), chunk):
-            v = vs[start : start + chunk]
+            v: Any = vs[start : start + chunk]  # a batch here, one vertex in the loop below
             nb = nb_all[start : start + chunk]
             b = len(v)
             rows = np.arange(b)
@@ -289,7 +290,8 @@ def deletion_maxima(
         largest = int(np.argmax(part_sizes))  # its sum by subtraction: O(h |smaller parts|)
         part_cols = [inv[p].sum(axis=0) if j != largest else None for j, p in enumerate(parts)]
         part_cols[largest] = rest_col - sum(c for c in part_cols if c is not None)  # N 1_part
-        nv = np.column_stack([inv[:, nbrs[v]], *part_cols, rest_col])  # N V, (h, r)
+        filled = cast("list[np.ndarray]", part_cols)  # no None left
+        nv = np.column_stack([inv[:, nbrs[v]], *filled, rest_col])  # N V, (h, r)
         n0v = nv - np.outer(inv[:, v], nv[v] / dm[v])
         gram = np.vstack(
             [n0v[nbrs[v]], *(n0v[p].sum(axis=0) for p in parts), n0v[rest].sum(axis=0)]

@@ -24,6 +24,7 @@ from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.conversion import compose_convert, step_rdp_for_epsilon
 from privdl.accounting.secrdp import (
     MAX_SUBSETS,
+    Adversary,
     PrivacyWarning,
     cdp_limit_step_rdp,
     decor_step_rdp,
@@ -74,7 +75,7 @@ def sigma_cdp_range(
     delta: float,
     steps: int,
     clip: float = 1.0,
-    adversary: str = "eavesdropper",
+    adversary: str | int | Adversary = "eavesdropper",
     conversion: str = "classic",
     max_subsets: int = MAX_SUBSETS,
     force: bool = False,

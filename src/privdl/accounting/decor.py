@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import networkx as nx
 import numpy as np
@@ -129,11 +129,11 @@ def account_decor(
     if example_level:
         if batch_size is None or batch_size < 1:
             raise PrivacyError("example-level accounting needs --batch-size B >= 1")
-        if not (0 < sampling_rate <= 1):
+        if not (0 < cast(float, sampling_rate) <= 1):
             raise PrivacyError(f"sampling rate must lie in (0, 1], got {sampling_rate}")
     elif neighbouring != "replace_one":
         raise PrivacyError("user-level DECOR accounting is replace-one (sensitivity 2C)")
-    step_clip = clip / batch_size if example_level else clip
+    step_clip = clip / cast(int, batch_size) if example_level else clip
     step: SecRdpStep = decor_step_rdp(
         graph,
         sigma_cdp=sigma_cdp,
@@ -165,6 +165,8 @@ def account_decor(
         unit = "user"
         notes = "user-level, sensitivity 2C per step"
     else:
+        # example level: both were checked above (sampling rate in (0, 1], batch size >= 1)
+        sampling_rate, batch_size = cast(float, sampling_rate), cast(int, batch_size)
         conversion = conversion or "rdp"
         if conversion not in SAMPLED_CONVERSIONS:
             raise PrivacyError(f"example-level conversion must be one of {SAMPLED_CONVERSIONS}")

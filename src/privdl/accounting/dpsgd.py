@@ -310,7 +310,9 @@ def classic_from_curve(orders: np.ndarray, rdp_values: np.ndarray, delta: float)
 
 
 # --------------------------------------------------------------------------- many clients at once
-def poisson_rdp_curves(sampling_rates: Sequence[float], noise_multipliers: Sequence[float]):
+def poisson_rdp_curves(
+    sampling_rates: Sequence[float] | np.ndarray, noise_multipliers: Sequence[float] | np.ndarray
+):
     """One step's RDP of the Poisson-subsampled Gaussian (add/remove) for many ``(q_i, z_i)``
     at once, on :data:`RDP_ORDERS`: shape ``(n, len(RDP_ORDERS))``.
 
@@ -343,9 +345,9 @@ def epsilons_from_curves(curves: np.ndarray, steps: Sequence[int] | np.ndarray, 
 
 def calibrate_noise_multipliers(
     *,
-    target_epsilons: Sequence[float],
-    sampling_rates: Sequence[float],
-    steps: Sequence[int],
+    target_epsilons: Sequence[float] | np.ndarray,
+    sampling_rates: Sequence[float] | np.ndarray,
+    steps: Sequence[int] | np.ndarray,
     delta: float,
     rtol: float = 1e-4,
 ) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import dp_accounting as dpa
 
@@ -83,8 +84,9 @@ class SubsampledGaussianEvent:
         elif self.sampling == "poisson":
             inner = dpa.PoissonSampledDpEvent(self.sampling_rate, gaussian)
         else:
+            # fixed_size: __post_init__ checked that the dataset size (so the batch size) is set
             inner = dpa.SampledWithoutReplacementDpEvent(
-                int(self.dataset_size), int(self.batch_size), gaussian
+                int(cast(int, self.dataset_size)), int(cast(int, self.batch_size)), gaussian
             )
         return dpa.SelfComposedDpEvent(inner, int(self.steps))
 

@@ -420,7 +420,7 @@ def epsilon_from_rdp(
 
 def robust_hdp_noise_multipliers(
     eps: Sequence[float] | np.ndarray,
-    batch_sizes: Sequence[int] | np.ndarray,
+    batch_sizes: Sequence[float] | np.ndarray,
     *,
     num_samples: int = 2400,
     local_epochs: int = 1,

@@ -88,7 +88,9 @@ def _rdp_fractional_terms(
 
 
 def rdp_poisson_subsampled_gaussian(
-    q: float | np.ndarray, z: float | np.ndarray, orders: Sequence[float] = ROBUST_HDP_ORDERS
+    q: float | np.ndarray,
+    z: float | np.ndarray,
+    orders: Sequence[float] | np.ndarray = ROBUST_HDP_ORDERS,
 ) -> np.ndarray:
     """RDP of ONE step of the Poisson-subsampled Gaussian mechanism, shape ``(len(q), len(orders))``.
 

@@ -227,6 +227,7 @@ def _enumerate(
     n: int, edges: np.ndarray, q: int, sigma_cdp: float, sigma_cor: float, dense: bool
 ) -> tuple[float, tuple[int, ...], int]:
     """Alg 3 by enumeration: max over |I| = q of max_i [Sigma_I^{-1}]_ii (one inverse per I)."""
+    best_set: tuple[int, ...]
     best, best_set, best_node = -np.inf, (), -1
     nodes = np.arange(n)
     for subset in itertools.combinations(range(n), q):
@@ -245,6 +246,7 @@ def _lowrank(
     n: int, edges: np.ndarray, q: int, sigma_cdp: float, sigma_cor: float
 ) -> tuple[float, tuple[int, ...], int]:
     """Alg 3 for q >= 1: enumerate (q-1)-sets, then all last deletions by low-rank updates."""
+    best_set: tuple[int, ...]
     best, best_set, best_node = -np.inf, (), -1
     for subset in itertools.combinations(range(n), q - 1):
         keep = np.ones(n, dtype=bool)

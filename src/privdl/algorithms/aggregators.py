@@ -240,8 +240,8 @@ class RobustHDP(Aggregator):
             self.rpca_not_converged += sum(
                 issubclass(w.category, RPCANotConvergedWarning) for w in caught
             )
-            for w in caught:  # passed on to the caller's filters, the state already consistent
-                warnings.warn(w.message, stacklevel=2)
+            for caught_warning in caught:  # passed on to the caller's filters, state consistent
+                warnings.warn(caught_warning.message, stacklevel=2)
         sigma2 = torch.tensor([self.sigma2[i] for i in ids], dtype=torch.float64)
         w = inverse_variance_weights(sigma2).to(inp.updates)
         return AggregationResult(w, inp.updates, {"sigma2_hat": sigma2, "estimated": due})

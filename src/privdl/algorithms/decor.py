@@ -35,6 +35,7 @@ from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.correlated import decor_noise
+from privdl.mechanisms.prng import NormalBackend
 from privdl.tree import Tree, unflatten
 
 
@@ -67,7 +68,7 @@ class Decor:
     sigma_cdp: float = 0.0
     sigma_cor: float = 0.0
     weight_decay: float = 0.0
-    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    noise_backend: NormalBackend = "auto"  # keyed Gaussian streams: prng.resolve_backend
     #: an optimizer of :mod:`privdl.optim` applied per node to the privatized gradient (None:
     #: plain SGD, ``x - eta (g + noise)`` with the decoupled ``weight_decay`` above)
     optimizer: Any = None

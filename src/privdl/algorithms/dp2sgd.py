@@ -36,6 +36,7 @@ from privdl.algorithms.privsgp import SampleOracle, _sample_index
 from privdl.comm.base import Communicator
 from privdl.errors import GraphError, PrivacyError
 from privdl.mechanisms.correlated import independent_noise
+from privdl.mechanisms.prng import NormalBackend
 from privdl.topology.mixing import MixingMatrix
 from privdl.tree import Tree, flatten
 from privdl.tree import unflatten as unflatten_like
@@ -84,7 +85,7 @@ class DP2SGD:
     step_size: StepSize
     sigmas: float | Sequence[float] = 0.0
     asynchronous: bool = False
-    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    noise_backend: NormalBackend = "auto"  # keyed Gaussian streams: prng.resolve_backend
 
     def __post_init__(self) -> None:
         sig = [self.sigmas] if isinstance(self.sigmas, int | float) else list(self.sigmas)

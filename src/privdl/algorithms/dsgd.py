@@ -24,6 +24,7 @@ import numpy as np
 from privdl.algorithms.base import StepSize
 from privdl.algorithms.decor import Decor, DecorState
 from privdl.engine.grads import ClipSpec
+from privdl.mechanisms.prng import NormalBackend
 
 __all__ = ["DSGD", "DSGDState"]
 
@@ -38,7 +39,7 @@ def DSGD(  # noqa: N802 - named as the algorithm it makes
     clip: ClipSpec = ClipSpec(),
     sigma: float = 0.0,
     weight_decay: float = 0.0,
-    noise_backend: str = "auto",
+    noise_backend: NormalBackend = "auto",
     optimizer: Any = None,
 ) -> Decor:
     """D-SGD with optional clipping, per-node Gaussian noise of std ``sigma`` and an optimizer

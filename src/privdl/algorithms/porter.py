@@ -35,6 +35,7 @@ held rows kept: the masks equal the simulator's at the cost of an ``(n, P)`` dra
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import Compressor, Identity
 from privdl.mechanisms.correlated import independent_noise
+from privdl.mechanisms.prng import NormalBackend
 from privdl.rng import step_generator
 from privdl.topology.mixing import MixingMatrix, best_constant_mixing, fdla_mixing
 from privdl.tree import Tree, unflatten
@@ -99,7 +101,7 @@ class Porter:
     clip: ClipSpec = ClipSpec()
     sigma_p: float = 0.0
     name: str = "porter"
-    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    noise_backend: NormalBackend = "auto"  # keyed Gaussian streams: prng.resolve_backend
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gamma <= 1.0:
@@ -134,7 +136,7 @@ class Porter:
 
     def gradients(
         self, state: PorterState, oracle, comm: Communicator
-    ) -> tuple[torch.Tensor, object]:
+    ) -> tuple[torch.Tensor, Any]:  # the oracle's result (an engine.GradResult)
         """``G_p^t`` at ``X^{t-1}``: the oracle's clipped gradients plus agent-keyed noise (7)."""
         pending = None
         if self.sigma_p > 0:  # (7)'s noise needs only the keys and t: drawn while the oracle runs

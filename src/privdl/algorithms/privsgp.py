@@ -31,7 +31,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -39,8 +39,10 @@ from torch import Tensor
 
 from privdl.algorithms.base import Keys, StepInfo, StepSize, held_nodes, in_background
 from privdl.comm.base import Communicator
+from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.errors import ConfigError, PrivacyError
 from privdl.mechanisms.correlated import independent_noise
+from privdl.mechanisms.prng import NormalBackend
 from privdl.rng import step_generator
 from privdl.tree import Tree, flatten
 from privdl.tree import unflatten as unflatten_like
@@ -150,8 +152,6 @@ class ModelSamples:
     dim: int = field(init=False)
 
     def __post_init__(self) -> None:
-        from privdl.engine.grads import ClipSpec
-
         if self.block_size < 1:
             raise ConfigError(f"block size must be >= 1, got {self.block_size}")
         self.n_nodes, m = self.x.shape[:2]
@@ -162,8 +162,6 @@ class ModelSamples:
         self._clip = ClipSpec() if self.clip is None else ClipSpec("per_sample", self.clip)
 
     def _grads(self, params: Tree, xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
-        from privdl.engine.grads import node_gradients
-
         res = node_gradients(self.model, params, xb, yb, loss=self.loss, clip=self._clip)
         return flatten(res.grads), res.loss
 
@@ -258,7 +256,7 @@ class PrivSGP:
     variance_reduction: bool = True
     table_budget: int = DEFAULT_TABLE_BUDGET
     refresh_every: int | None = None
-    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    noise_backend: NormalBackend = "auto"  # keyed Gaussian streams: prng.resolve_backend
 
     def __post_init__(self) -> None:
         sig = [self.sigmas] if isinstance(self.sigmas, int | float) else list(self.sigmas)
@@ -371,6 +369,7 @@ class PrivSGP:
         entry, loss = oracle.entries(z, xi)  # line 2: h at z
         h = oracle.expand(entry, xi).to(x_flat.dtype)
         if self.variance_reduction:
+            table, mean = cast(Tensor, table), cast(Tensor, mean)  # init made both (the SAGA table)
             rows = torch.arange(n, device=xi.device)
             old = oracle.expand(table[rows, xi], xi).to(x_flat.dtype)
             g = h - old + mean.to(x_flat.dtype)  # line 3: old entry, old mean
@@ -466,6 +465,7 @@ def noise_plan(
       paper-style reading of spec §8.4, which no theorem certifies (the algorithm draws one
       sample, and the SAGA mean touches all of them).
     """
+    # heavy: privdl.accounting loads dp_accounting, which the algorithm itself does not need
     from privdl.accounting import calibrate_nodes, privsgp_sigma
     from privdl.accounting.nominal import privsgp_accounted_sigma, privsgp_vr_sensitivity
 
@@ -549,6 +549,7 @@ def optimal_steps(
     orders, fast and slightly conservative next to dp-accounting); ``accounted`` the closed-form
     classic conversion of K Gaussian steps at sensitivity (4 - 2/J) G.
     """
+    # heavy: privdl.accounting loads dp_accounting, which the algorithm itself does not need
     from privdl.accounting import privsgp_optimal_steps
     from privdl.accounting.nominal import privsgp_accounted_sigma
 
@@ -609,6 +610,7 @@ def rdp_poisson_gaussian(q: float, z: float, orders: np.ndarray = RDP_ORDERS) ->
     """RDP of one Poisson-subsampled Gaussian step at the (integer) ``orders`` (Mironov, Talwar &
     Zhang 2019): the project's one implementation, :func:`privdl.accounting.nominal.
     rdp_poisson_subsampled_gaussian`, which is vectorised and much faster than dp-accounting here."""
+    # heavy: privdl.accounting loads dp_accounting, which the algorithm itself does not need
     from privdl.accounting.nominal import rdp_poisson_subsampled_gaussian
 
     return rdp_poisson_subsampled_gaussian(q, z, orders)[0]

@@ -29,6 +29,7 @@ from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.compress import Compressor, Identity
 from privdl.mechanisms.correlated import independent_noise
+from privdl.mechanisms.prng import NormalBackend
 from privdl.tree import Tree, unflatten
 from privdl.tree import flatten as flatten_tree
 
@@ -66,7 +67,7 @@ class SoteriaFL:
     clip: ClipSpec = ClipSpec()
     sigma_p: float = 0.0
     name: str = "soteriafl-sgd"
-    noise_backend: str = "auto"  # keyed Gaussian streams: privdl.mechanisms.prng.resolve_backend
+    noise_backend: NormalBackend = "auto"  # keyed Gaussian streams: prng.resolve_backend
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gamma_s <= 1.0:

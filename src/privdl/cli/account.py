@@ -9,16 +9,26 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import click
 
+from privdl.accounting import (
+    account_decor,
+    calibrate_noise_multiplier,
+    calibrate_sigma_cor,
+    dpsgd_budget,
+    porter_plan,
+    privsgp_optimal_steps,
+    privsgp_plan,
+    robust_hdp_plan,
+)
+from privdl.accounting.budget import PrivacyBudget
 from privdl.errors import PrivacyError
+from privdl.topology import parse_graph
 
 
 def _graph(spec: str) -> Any:
-    from privdl.topology import parse_graph
-
     return parse_graph(spec).graph
 
 
@@ -46,7 +56,9 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
     table = Table(title=title, show_header=True)
     table.add_column("quantity")
     table.add_column("value")
-    budget = obj.get("budget") if isinstance(obj.get("budget"), dict) else {}
+    budget = (
+        cast("dict[str, Any]", obj.get("budget")) if isinstance(obj.get("budget"), dict) else {}
+    )
     for key, value in obj.items():
         if isinstance(value, dict):
             continue
@@ -59,13 +71,9 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
         table.add_row("notes", str(budget["notes"]))
     for key in ("nominal", "accounted"):  # a plan's two budgets, each with its full label
         if isinstance(obj.get(key), dict) and "epsilon" in obj[key]:
-            from privdl.accounting.budget import PrivacyBudget
-
             b = PrivacyBudget(**obj[key])
             table.add_row(f"{key} (label)", b.label() + (f"; {b.notes}" if b.notes else ""))
     for key, raw in (obj.get("comparisons") or {}).items():  # a plan's side figures, labelled
-        from privdl.accounting.budget import PrivacyBudget
-
         b = PrivacyBudget(**raw)
         table.add_row(f"{key} (label)", b.label() + (f"; {b.notes}" if b.notes else ""))
     Console().print(table)
@@ -157,8 +165,6 @@ def account_decor_cmd(
     as_json: bool,
 ) -> None:
     """(eps, delta)-SecLDP of DECOR (Alg 2/3 + composition + conversion)."""
-    from privdl.accounting import account_decor
-
     _positive("--sigma-cdp", sigma_cdp)
     _positive("--sigma-cor", sigma_cor, allow_zero=True)
     _positive("--clip", clip)
@@ -233,8 +239,6 @@ def account_dpsgd_cmd(
     as_json: bool,
 ) -> None:
     """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian (dp-accounting)."""
-    from privdl.accounting import dpsgd_budget
-
     budget = dpsgd_budget(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
@@ -302,8 +306,6 @@ def calibrate_decor_cmd(
     as_json: bool,
 ) -> None:
     """Smallest sigma_cor with achieved epsilon <= target (conservative log-bisection)."""
-    from privdl.accounting import calibrate_sigma_cor
-
     if sigma_cdp is not None:
         _positive("--sigma-cdp", sigma_cdp)
     _positive("--epsilon", epsilon)
@@ -351,8 +353,6 @@ def calibrate_dpsgd_cmd(
     as_json: bool,
 ) -> None:
     """Smallest noise multiplier for a target epsilon (Poisson, add/remove)."""
-    from privdl.accounting import calibrate_noise_multiplier, dpsgd_budget
-
     z = calibrate_noise_multiplier(
         target_epsilon=epsilon,
         sampling_rate=sampling_rate,
@@ -426,11 +426,9 @@ def plan_privsgp_cmd(
     as_json: bool,
 ) -> None:
     """PrivSGP-VR Theorem 2 sigma_i (and Corollary 1 K*, U* with uniform budgets)."""
-    from privdl.accounting import privsgp_optimal_steps, privsgp_plan
-
     extra: dict[str, Any] = {}
     if steps is None:
-        if None in (A, nodes, smoothness, dim):
+        if A is None or nodes is None or smoothness is None or dim is None:
             raise PrivacyError("give --steps, or --A --nodes --smoothness --dim for K*")
         k_star, u_star = privsgp_optimal_steps(
             A=A,
@@ -471,8 +469,6 @@ def plan_porter_cmd(
     as_json: bool,
 ) -> None:
     """PORTER-DP Theorem 1 sigma_p."""
-    from privdl.accounting import porter_plan
-
     result = porter_plan(
         tau=tau, steps=steps, delta=delta, local_samples=m, epsilon=epsilon, c=c, dim=dim
     )
@@ -499,8 +495,6 @@ def plan_robust_hdp_cmd(
     as_json: bool,
 ) -> None:
     """Robust-HDP reference-code z_i (bisection, 2-decimal rounding)."""
-    from privdl.accounting import robust_hdp_plan
-
     result = robust_hdp_plan(
         epsilon=epsilon,
         delta=delta,

@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import click
 
 from privdl.cli.run import _print_summary, command_line_values, refuse_options_with_resume
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
+from privdl.distributed_runner import worker_main
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.records import RunRecords, seed_run_dirs
 from privdl.registry import make_config, plugin_files, recipe_for
@@ -138,7 +140,8 @@ def spawn(
         for p in procs:
             p.wait()
         raise
-    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+    exited = cast("list[int]", codes)  # the loop ends once every worker has exited
+    bad = [(r, c) for r, c in enumerate(exited) if c != 0]
     if bad and not stopped and all(c == 2 for _, c in bad):
         raise ReportedError("the ranks' errors are printed above")  # each said why, once
     if bad:
@@ -185,8 +188,6 @@ def _launch(
     job["progress"] = progress
     job["plugins"] = plugin_files()  # algorithms registered outside privdl: every rank imports
     if _in_torchrun():
-        from privdl.distributed_runner import worker_main
-
         worker_main(job)
         if os.environ.get("RANK") == "0":
             _print_launched(out_dir)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from privdl.errors import ConfigError
+from privdl.records import RunRecords
 
 
 @click.command("reproduce")
@@ -46,6 +47,7 @@ def reproduce(
     overrides: tuple[str, ...],
 ) -> None:
     """Reproduce a paper figure/table: writes report.md, PNG figures and summary.json."""
+    # heavy: imported when the command runs
     from privdl.experiments import get, registry
 
     if list_ or name is None:
@@ -74,7 +76,6 @@ def reproduce(
         if "overrides" not in accepted:
             raise ConfigError(f"reproduction {name!r} takes no --set overrides")
         kwargs["overrides"] = _parse_overrides(overrides)
-    from privdl.records import RunRecords
 
     fresh = not out_dir.exists()
     try:

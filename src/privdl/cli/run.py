@@ -16,8 +16,10 @@ from typing import Any
 
 import click
 
+from privdl import loop  # loop.train / loop.resume looked up at call time (patchable)
 from privdl.config import CommonConfig, load_config_file
 from privdl.errors import ConfigError
+from privdl.records import SEEDS_PLAN, make_dir, read_seeds_plan, seed_run_dirs, write_seeds_plan
 from privdl.registry import algorithms, config_fields, make_config
 
 
@@ -131,15 +133,6 @@ def _run_params() -> list[click.Parameter]:
 def _run(
     algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progress, **flags
 ) -> None:
-    from privdl.loop import resume
-    from privdl.records import (
-        SEEDS_PLAN,
-        make_dir,
-        read_seeds_plan,
-        seed_run_dirs,
-        write_seeds_plan,
-    )
-
     if resume_dir:
         refuse_options_with_resume(algorithm, config_file, sets, out, seeds, overwrite, flags)
         parent = Path(resume_dir)
@@ -151,20 +144,18 @@ def _run(
             return
         dirs = seed_run_dirs(resume_dir)
         if (parent / "config.json").is_file() or not dirs:
-            summary = resume(resume_dir, progress=progress)
+            summary = loop.resume(resume_dir, progress=progress)
             _print_summary(summary, parent)
             return
         for d in dirs:
-            resume(d, progress=progress)
+            loop.resume(d, progress=progress)
         _print_repeats(dirs, parent)
         return
     values = command_line_values(config_file, algorithm, flags, sets)
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
     if seeds is None:
-        from privdl.loop import train
-
-        summary = train(cfg, out_dir, progress=progress, overwrite=overwrite)
+        summary = loop.train(cfg, out_dir, progress=progress, overwrite=overwrite)
         _print_summary(summary, out_dir)
         return
     if "seed" in values:
@@ -227,15 +218,13 @@ def _run_seeds(
 ) -> None:
     """Train ``cfg`` once per seed into ``out_dir/seed-K`` (resuming the runs that exist when
     ``resume_existing``), then the mean ± std table."""
-    from privdl.loop import resume, train
-
     dirs = []
     for seed in seeds:
         d = out_dir / f"seed-{seed}"
         if resume_existing and (d / "config.json").is_file():
-            resume(d, progress=progress)
+            loop.resume(d, progress=progress)
         else:
-            train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
+            loop.train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
         dirs.append(d)
     _print_repeats(dirs, out_dir)
 
@@ -273,6 +262,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _print_repeats(dirs: list[Path], out_dir: Path) -> None:
+    # heavy: imported when the command runs
     from privdl.report import load_runs, markdown_table, write_report
 
     runs = load_runs(dirs)
@@ -288,6 +278,7 @@ def _span(values: list[float]) -> str:
 
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
+    # heavy: imported when the command runs
     from privdl.report import privacy_text
 
     final = summary.get("final", {})
@@ -350,6 +341,7 @@ def demo(
     out: str, steps: int, epsilon: float, graph: str, seeds: int, progress, overwrite: bool
 ) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""
+    # heavy: imported when the command runs (the report layer)
     from privdl.cli.demo import run_demo
 
     table, report = run_demo(
@@ -375,6 +367,7 @@ def demo(
 )
 def report(dirs: tuple[str, ...], out: str, group: bool) -> None:
     """Make a markdown table and PNG plots from one or several run directories."""
+    # heavy: imported when the command runs
     from privdl.report import make_report
 
     path = make_report(list(dirs), out, group=group)

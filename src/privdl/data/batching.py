@@ -47,7 +47,8 @@ class StackedData(NamedTuple):
 class BatchIndex(NamedTuple):
     """Local row indices (n, L) int64 into the stacked data and a (n, L) bool mask of real ones."""
 
-    index: torch.Tensor
+    # a field named index shadows tuple.index: fine at runtime, which typeshed cannot express
+    index: torch.Tensor  # type: ignore[assignment]
     mask: torch.Tensor
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -109,7 +109,8 @@ def _fingerprint(ds: Dataset, parts: list[np.ndarray] | None) -> str:
     h.update(f"parts {'none' if parts is None else len(parts)}\n".encode())
     for p in parts or []:
         h.update(f"part {p.size}\n".encode())
-        h.update(np.ascontiguousarray(p, dtype=np.int64))
+        # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (3.11 has the protocol)
+        h.update(np.ascontiguousarray(p, dtype=np.int64))  # type: ignore[arg-type]
     return h.hexdigest()
 
 
@@ -120,7 +121,7 @@ def _describe(obj: object) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _is_pair(obj: object) -> bool:
+def _is_pair(obj: object) -> TypeGuard[tuple[Any, ...] | list[Any]]:
     return (
         isinstance(obj, (tuple, list))
         and len(obj) == 2

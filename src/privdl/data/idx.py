@@ -67,7 +67,7 @@ MIRRORS: dict[str, tuple[str, ...]] = {
 CONNECT_TIMEOUT_S = 10.0
 
 # IDX type codes (byte 3 of the magic number) -> numpy big-endian dtype.
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),
@@ -156,6 +156,7 @@ def load_idx_arrays(
     may_download = download and not offline()
     contents: dict[str, bytes] = {}
     missing: list[str] = []
+    data: bytes | None
     for filename in IDX_FILES:
         path = find_file(dirs, name, filename)
         if path is not None:

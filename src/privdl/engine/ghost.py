@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privdl.engine.clipping import clip_factor
+from privdl.engine.clipping import ClipKind, clip_factor
 from privdl.models.base import (
     Activation,
     AvgPool2d,
@@ -182,7 +182,7 @@ def ghost_clipped_sum(
     mask: Tensor | None,
     weights: Tensor | float,
     threshold: float,
-    kind: str,
+    kind: ClipKind,
     conv_mode: ConvMode = "auto",
 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """``sum_s weights[:, s] * clip(g_s)`` per node, the per-sample losses and gradient norms.
@@ -216,7 +216,8 @@ def ghost_clipped_sum(
     n, b = x.shape[:2]
     # rows r_j (n, B) with ||g_s||^2 = sum_j r_j^2: one vector norm over the rows at the end
     rows: list[Tensor] = []
-    cache: list[tuple[str, object, Tensor, Tensor, Tensor | None]] = []
+    # (name, layer, input or per-sample grads: None for a direct-path Conv2d, which has psg, ...)
+    cache: list[tuple[str, object, Any, Tensor, Tensor | None]] = []
     for (lname, layer, lp, inp, _), g in zip(records, outs, strict=True):
         if isinstance(layer, Linear):
             # ||G_s a_s^T||_F = ||G_s|| ||a_s||; the bias gradient G_s has norm ||G_s||

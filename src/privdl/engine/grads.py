@@ -19,7 +19,7 @@ memory (ResNet-18: 11M parameters per sample).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
@@ -155,7 +155,10 @@ def _vmap_clipped_sum(
         nrm = sq.sqrt()
         if mask is not None:
             nrm = nrm * mask[:, s : s + chunk].to(nrm.dtype)
-        w = clip_factor(nrm, clip.threshold, kind=clip.kind, scale=weights[:, s : s + chunk])
+        # ClipSpec checked that a clipping mode has its threshold
+        w = clip_factor(
+            nrm, cast(float, clip.threshold), kind=clip.kind, scale=weights[:, s : s + chunk]
+        )
         for k, v in g.items():
             total[k] += torch.einsum("nb...,nb->n...", v, w)
         losses.append(ls)
@@ -198,7 +201,8 @@ def node_gradients(
             g = torch.autograd.grad((losses * weights).sum(), list(leaves.values()))
         grads = dict(zip(leaves, g, strict=True))
         if clip.mode == "batch_mean":
-            grads = clip_by_global_norm(grads, clip.threshold, kind=clip.kind)
+            # ClipSpec checked that a clipping mode has its threshold
+            grads = clip_by_global_norm(grads, cast(float, clip.threshold), kind=clip.kind)
         return GradResult(grads=grads, loss=_mean_loss(losses, mask))
 
     if method == "ghost" and not supports_ghost(model):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from privdl.errors import ConfigError
+from privdl.records import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,6 @@ def load_preset(name: str) -> dict[str, Any]:
 
 def write_outputs(out: Path, *, report_md: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Write ``report.md`` and ``summary.json`` (figures are saved by the caller into ``out``)."""
-    from privdl.records import write_json_atomic
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(report_md)
     write_json_atomic(out / "summary.json", summary)

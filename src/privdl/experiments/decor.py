@@ -18,12 +18,21 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from privdl.accounting import account_decor
+from privdl.accounting.conversion import step_rdp_for_epsilon
+from privdl.algorithms.base import Keys
+from privdl.engine.grads import evaluate
+from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.loop import build_run
+from privdl.privacy import decor_pair_for_step_rdp
+from privdl.registry import make_config
+from privdl.topology import parse_graph
 
 COLOURS = {"cdp": "purple", "decor": "green", "ldp": "orange"}
 MARKERS = {"cdp": "D", "decor": "o", "ldp": "^"}
@@ -67,8 +76,6 @@ def accounted_cell(r: dict[str, Any]) -> str:
 
 def _preset(name: str, quick: bool, overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The preset's values, its ``[quick]`` table over them when ``quick``, then ``--set`` ones."""
-    from privdl.errors import ConfigError
-
     p = load_preset(name)
     if quick:
         p.update(p.get("quick", {}))
@@ -91,10 +98,6 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
 
     ``window`` w reproduces the code's ``errors[-w:-1]``: the iterates after steps T-w+1..T-1.
     """
-    from privdl.algorithms.base import Keys
-    from privdl.loop import build_run
-    from privdl.registry import make_config
-
     cfg = make_config(values)
     built = build_run(cfg)
     task, algo = built.task, built.algorithm
@@ -110,7 +113,7 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
             for k, v in metric(task, state.params).items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
-    out = {k: v / count for k, v in sums.items()} if count else {}
+    out: dict[str, Any] = {k: v / count for k, v in sums.items()} if count else {}
     out["final"] = task.evaluate(state.params)
     out["sigma"] = built.cfg.sigma
     out["sigma_cor"] = built.cfg.sigma_cor
@@ -200,9 +203,6 @@ def run_fig1a(
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Fig 1a (spec s.6.2): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
-    from privdl.accounting import account_decor
-    from privdl.topology import parse_graph
-
     p = _preset("decor-fig1a", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ def run_fig1a(
     for eps in p["epsilons"]:
         k = grid.index(eps)
         for alg, topo in _methods(p["topologies"]):
-            variants = [("ours", {})]
+            variants: list[tuple[str, dict[str, Any]]] = [("ours", {})]
             if alg == "decor":
                 paper_s = p["paper"]["sigma_cdp"][topo][k]
                 paper_c = p["paper"]["sigma_cor"][topo][k]
@@ -475,8 +475,6 @@ def a9a_optimum(task) -> float:
 
 
 def _full_train_loss(task, params) -> float:
-    from privdl.engine.grads import evaluate
-
     avg = {k: v.mean(dim=0) for k, v in params.items()}
     x = task.dataset.x_train.to(next(iter(avg.values())).dtype)
     loss, _ = evaluate(task.model, avg, x, task.dataset.y_train, loss=task.loss_name)
@@ -486,9 +484,6 @@ def _full_train_loss(task, params) -> float:
 def _decor_grid_pair(graph, *, eps, steps, delta, clip, n, points, cor_max_factor):
     """Spec s.6.3: smallest sigma_cdp in linspace(sigma_cdp^CDP, sigma_ldp, 50) with a sigma_cor
     (conservative, <= 10 sigma_ldp as in the code's search range)."""
-    from privdl.accounting.conversion import step_rdp_for_epsilon
-    from privdl.privacy import decor_pair_for_step_rdp
-
     rho = step_rdp_for_epsilon(eps, steps=steps, delta=delta)
     s_ldp = clip * math.sqrt(2.0 / rho)
     grid = np.linspace(s_ldp / math.sqrt(n), s_ldp, points)[1:]
@@ -536,8 +531,6 @@ def run_fig1b(
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Fig 1b (spec s.6.3): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
-    from privdl.topology import parse_graph
-
     p = _preset("decor-fig1b", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -611,7 +604,8 @@ def run_fig1b(
                 privacy=runs[0]["privacy"],
             )
     if p["noise_free_floor"]:
-        _add_noise_free_floors(results, p, base, l_star)
+        # l_star is set by the first run (and unused when nothing ran)
+        _add_noise_free_floors(results, p, base, cast(float, l_star))
     wall = time.perf_counter() - t0
     checks = []
     tol = p["checks"]["cdp_over_decor_max"]

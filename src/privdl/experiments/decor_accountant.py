@@ -12,8 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from privdl.accounting import account_decor, cdp_limit_step_rdp, compose_convert
+from privdl.accounting.conversion import step_rdp_for_epsilon
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.experiments.decor import _checks_md, _table
+from privdl.privacy import LEGACY_LABEL
+from privdl.topology import parse_graph
 
 # --- Fig 2 / Fig 3: accountant curves -----------------------------------------------------------
 
@@ -51,10 +55,6 @@ def _curve_plot(
 
 def fig2_values(p: dict[str, Any], sigma_cors) -> tuple[float, np.ndarray, float]:
     """(sigma_cdp, user-level eps at each sigma_cor, sigma_cor -> infinity limit) (App. D.1)."""
-    from privdl.accounting import account_decor, cdp_limit_step_rdp, compose_convert
-    from privdl.accounting.conversion import step_rdp_for_epsilon
-    from privdl.topology import parse_graph
-
     g = parse_graph(p["graph"]).graph
     rho = step_rdp_for_epsilon(p["target_epsilon"], steps=p["steps"], delta=p["delta"])
     sigma_cdp = p["sigma_cdp_fraction"] * p["clip"] * math.sqrt(2.0 / rho)
@@ -156,9 +156,6 @@ def run_fig2(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict
 
 def fig3_values(p: dict[str, Any], sigma_cors, *, with_rdp: bool = True) -> dict[str, np.ndarray]:
     """Legacy (uncomposed, the code's), Wang-composed (classic) and dp-accounting RDP eps."""
-    from privdl.accounting import account_decor
-    from privdl.topology import parse_graph
-
     g = parse_graph(p["graph"]).graph
     rate = p["batch_size"] / p["dataset_size"]
     out: dict[str, list[float]] = {"legacy-uncomposed": [], "classic": []}
@@ -184,8 +181,6 @@ def fig3_values(p: dict[str, Any], sigma_cors, *, with_rdp: bool = True) -> dict
 
 def run_fig3(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
     """Fig 3: example-level eps vs sigma_cor; the legacy curve and the composed ones (s.4.7)."""
-    from privdl.privacy import LEGACY_LABEL
-
     p = load_preset("decor-fig3")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

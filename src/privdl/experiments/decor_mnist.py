@@ -11,10 +11,11 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, write_outputs
 from privdl.experiments.decor import (
     _checks_md,
@@ -29,15 +30,21 @@ from privdl.experiments.decor import (
     labels_line,
     non_private,
 )
+from privdl.privacy import (
+    LEGACY_LABEL,
+    decor_pair_for_step_rdp,
+    legacy_example_epsilon,
+    legacy_step_rdp_for_epsilon,
+)
+from privdl.registry import make_config, recipe_for
+from privdl.tasks import SupervisedTask, build_task
+from privdl.topology import parse_graph
 
 # --- Fig 1c: MNIST, example level ----------------------------------------------------------------
 
 
 def _legacy_sigmas(alg, topo_spec, *, eps, clip, batch, rate, grid, cor_max):
     """Noise for a legacy (uncomposed) budget, calibrated as the reference code does (s.6.4)."""
-    from privdl.privacy import decor_pair_for_step_rdp, legacy_step_rdp_for_epsilon
-    from privdl.topology import parse_graph
-
     rho = legacy_step_rdp_for_epsilon(eps, sampling_rate=rate)
     c = clip / batch
     s_ldp = c * math.sqrt(2.0 / rho)
@@ -67,15 +74,10 @@ def _accounted_decor_pair(
     (spec s.6.4), here with the composed accountant, so the run's accounted epsilon meets the
     target.
     """
-    from privdl.privacy import decor_pair_for_step_rdp
-    from privdl.registry import make_config, recipe_for
-    from privdl.tasks import build_task
-    from privdl.topology import parse_graph
-
     cfg = make_config(dict(values, algorithm="ldp", graph=spec))
     topo = parse_graph(spec)
     sigma_ldp = recipe_for(cfg).calibrate(cfg, topo, build_task(cfg)).sigma
-    c = float(cfg.clip) / batch
+    c = float(cast(float, cfg.clip)) / batch  # set: calibrate refuses a target eps without it
     rho = 2.0 * c * c / (sigma_ldp * sigma_ldp)
     grid = np.linspace(sigma_ldp / math.sqrt(topo.n), sigma_ldp, points)[1:]
     return decor_pair_for_step_rdp(
@@ -109,8 +111,6 @@ def _accounted_hyper(p: dict[str, Any], alg: str, topo: str, eps: float) -> tupl
     """(lr, C) for a correctly accounted budget: ``hyper.default`` for every method, or with
     ``accounted_hyper = "tuned"`` the method's ``[hyper_accounted]`` entry where it has one (tuned
     per algorithm on the paper's grid, as App. D.2 does; experiments/studies/tune_fig1c.py)."""
-    from privdl.errors import ConfigError
-
     mode = p.get("accounted_hyper", "default")
     if mode not in ("default", "tuned"):
         raise ConfigError(f"accounted_hyper must be 'default' or 'tuned', got {mode!r}")
@@ -135,17 +135,15 @@ def run_fig1c(
     ``overrides`` (``--set``) replace top-level preset values, e.g. ``seeds=1,123``,
     ``topologies=torus``, ``epsilons=3,10``, ``legacy_epsilons=`` (none), ``steps=1000``.
     """
-    from privdl.privacy import LEGACY_LABEL, legacy_example_epsilon
-    from privdl.registry import make_config, recipe_for
-    from privdl.tasks import build_task
-    from privdl.topology import parse_graph
-
     p = _preset("decor-fig1c", quick)
     p = apply_overrides(p, overrides, name="decor-fig1c")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = fig1c_base(p, data_dir=data_dir, device=device)
-    probe = build_task(make_config(dict(non_private(base), graph="ring:16", clip=1.0)))
+    # MNIST: a supervised task
+    probe = cast(
+        SupervisedTask, build_task(make_config(dict(non_private(base), graph="ring:16", clip=1.0)))
+    )
     rate = probe.sampling_rate
     gl = p["sigma_cdp_grid"]
     grid = np.linspace(gl[0], gl[1], int(gl[2]))

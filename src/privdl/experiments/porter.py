@@ -23,12 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from privdl.algorithms.base import Keys
+from privdl.accounting.budget import PrivacyBudget
+from privdl.accounting.nominal import porter_accounted_sigma, porter_plan
+from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.porter import (
     Porter,
     beer,
@@ -39,20 +41,23 @@ from privdl.algorithms.porter import (
     porter_dp,
     porter_gc,
 )
-from privdl.algorithms.soteria import SoteriaFL
+from privdl.algorithms.soteria import SoteriaFL, shift_step
 from privdl.comm.base import Tree
+from privdl.comm.local import LocalCommunicator
+from privdl.data import gather_batch, load_dataset, partition_iid, sample_batches, stack_partitions
 from privdl.engine.clipping import clip_by_global_norm, clip_factor
-from privdl.engine.grads import ClipSpec, GradResult
+from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.mechanisms.compress import RandomK
+from privdl.models import build_model
+from privdl.tasks import step_generator
+from privdl.topology import parse_graph
 
 # ----------------------------------------------------------------------------------- tasks
 
 
 def _batch_index(counts: torch.Tensor, b: int, seed: int, t: int) -> torch.Tensor:
     """Each agent's b sample indices at round t, uniformly with replacement (spec D3)."""
-    from privdl.data import sample_batches
-    from privdl.tasks import step_generator
-
     g = step_generator(seed, "batches", t)
     return sample_batches(counts, b, generator=g, scheme="with_replacement").index
 
@@ -78,8 +83,6 @@ class NonconvexLogisticTask:
     def from_a9a(
         cls, *, n_agents: int, data_dir: str | None, data_seed: int = 1, **kw: Any
     ) -> NonconvexLogisticTask:
-        from privdl.data import load_dataset, partition_iid
-
         ds = load_dataset("a9a", data_dir=data_dir)
 
         def prep(x: torch.Tensor) -> torch.Tensor:  # append the constant bias feature: d = 124
@@ -127,14 +130,14 @@ class NonconvexLogisticTask:
         if clip.mode == "per_sample":  # ||a f + r||^2 in closed form, no per-sample tensors
             sq = a**2 * f.pow(2).sum(-1) + 2 * a * torch.einsum("nbd,nd->nb", f, r)
             norms = (sq + r.pow(2).sum(-1, keepdim=True)).clamp_min(0).sqrt()
-            c = clip_factor(norms, clip.threshold, kind=clip.kind)  # type: ignore[arg-type]
+            c = clip_factor(norms, cast(float, clip.threshold), kind=clip.kind)
             g = torch.einsum("nb,nbd->nd", c * a, f) / self.batch_size
             g = g + c.mean(1, keepdim=True) * r
             return GradResult({"x": g}, loss, per_sample_norms=norms)
-        g = {"x": torch.einsum("nb,nbd->nd", a, f) / self.batch_size + r}
+        grads = {"x": torch.einsum("nb,nbd->nd", a, f) / self.batch_size + r}
         if clip.mode == "batch_mean":
-            g = clip_by_global_norm(g, clip.threshold, kind=clip.kind)  # type: ignore[arg-type]
-        return GradResult(g, loss)
+            grads = clip_by_global_norm(grads, cast(float, clip.threshold), kind=clip.kind)
+        return GradResult(grads, loss)
 
     def objective_and_gradient(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
         """``f(x)`` and ``grad f(x)`` over all agents' training data (regulariser included),
@@ -178,9 +181,6 @@ class MLPTask:
         data_seed: int = 1,
         **kw: Any,
     ) -> MLPTask:
-        from privdl.data import load_dataset, partition_iid, stack_partitions
-        from privdl.models import build_model
-
         ds = load_dataset("mnist", data_dir=data_dir, normalize="unit")
         parts = partition_iid(
             ds.y_train.numpy(), n_agents, rng=np.random.default_rng(data_seed), drop_remainder=True
@@ -207,16 +207,11 @@ class MLPTask:
         return self.model.init(n_nodes=self.data.x.shape[0], generator=g)
 
     def oracle(self, params: Tree, t: int, *, clip: ClipSpec) -> GradResult:
-        from privdl.data import gather_batch
-        from privdl.engine.grads import node_gradients
-
         index = _batch_index(self.data.counts, self.batch_size, self.seed, t)
         xb, yb = gather_batch(self.data.x, index), gather_batch(self.data.y, index)
         return node_gradients(self.model, params, xb, yb, loss="cross_entropy", clip=clip)
 
     def evaluate(self, params: Tree) -> dict[str, float]:
-        from privdl.engine.grads import evaluate, node_gradients
-
         avg = {k: v.mean(0, keepdim=True) for k, v in params.items()}
         g = node_gradients(
             self.model, avg, self.x_eval[None], self.y_eval[None], loss="cross_entropy"
@@ -237,7 +232,8 @@ def run_curve(
 ) -> dict[str, Any]:
     """Train ``rounds`` rounds; log utility, its running average, test accuracy and bits per
     agent at x_bar every ``eval_every`` rounds, and the largest tracking-invariant violation."""
-    state = alg.init(task.init_params(seed=seed), task.oracle, comm, keys=Keys.from_seed(seed))
+    # a PorterState for Porter, a SoteriaState for SoteriaFL (mypy cannot pair them up)
+    state: Any = alg.init(task.init_params(seed=seed), task.oracle, comm, keys=Keys.from_seed(seed))
     curve: dict[str, Any] = {"round": [], "bits": [], "utility": [], "utility_avg": [], "loss": []}
     curve["accuracy"], bits, util_sum, invariant, scale = [], 0, 0.0, 0.0, 0.0
 
@@ -275,8 +271,6 @@ def _privacy_rows(
 ) -> list[dict[str, Any]]:
     """Theorem 1's nominal sigma_p per eps, the epsilon the RDP accountant gives it, and (with
     ``calibrate``; slow: a bisection over the accountant) the sigma_p the nominal eps needs."""
-    from privdl.accounting.nominal import porter_accounted_sigma, porter_plan
-
     rows = []
     for eps in pre["epsilons"]:
         plan = porter_plan(
@@ -289,8 +283,8 @@ def _privacy_rows(
                 "T": rounds,
                 "sigma_p": plan.values["sigma_p"],
                 "phi_m": plan.values["phi_m"],
-                "epsilon_accounted": plan.accounted.epsilon,
-                "accounted_label": plan.accounted.label(),
+                "epsilon_accounted": cast(PrivacyBudget, plan.accounted).epsilon,  # always set
+                "accounted_label": cast(PrivacyBudget, plan.accounted).label(),
                 "epsilon_add_remove_poisson": plan.values["epsilon_add_remove_poisson"],
                 "sigma_p_calibrated": None
                 if not calibrate
@@ -319,14 +313,10 @@ class Setup:
 
 def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = True) -> Setup:
     """Load the preset ``porter-{which}`` and build everything but the algorithms."""
-    from privdl.algorithms.soteria import shift_step
-    from privdl.comm.local import LocalCommunicator
-    from privdl.mechanisms.compress import RandomK
-    from privdl.topology import parse_graph
-
     pre = load_preset(f"porter-{which}")
     run = pre["quick" if quick else "full"]
     n, seed = pre["n_agents"], pre["seed"]
+    task: NonconvexLogisticTask | MLPTask
     if which == "a9a":
         task = NonconvexLogisticTask.from_a9a(
             n_agents=n, data_dir=data_dir, lam=pre["lam"], seed=seed
@@ -382,8 +372,6 @@ def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str
     SoteriaFL-SGD at Theorem 1's sigma_p, then PORTER-GC and BEER (``step_sizes`` as the
     preset's ``[step_sizes]`` table; default the preset's, with its mode's
     ``[full.step_sizes]`` / ``[quick.step_sizes]`` values over it)."""
-    from privdl.algorithms.base import StepSize
-
     hp = s.facts["step_sizes"] if step_sizes is None else step_sizes
     tau, kind, comp = s.pre["tau"], s.pre["clip_kind"], s.comp
     sot_clip = ClipSpec(mode="per_sample", threshold=tau, kind=kind)

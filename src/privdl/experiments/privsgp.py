@@ -13,10 +13,13 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from privdl.accounting import privsgp_optimal_steps, privsgp_plan
+from privdl.accounting.budget import PrivacyBudget
+from privdl.accounting.nominal import nominal_ldp_budget, privsgp_accounted_sigma, privsgp_vr_budget
 from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.dp2sgd import DP2SGD, ring_matching
 from privdl.algorithms.privsgp import (
@@ -24,11 +27,17 @@ from privdl.algorithms.privsgp import (
     PrivSGP,
     describe_table,
     noise_plan,
+    optimal_steps,
     rdp_noise_multiplier,
 )
 from privdl.comm.local import LocalCommunicator
+from privdl.data import load_dataset
+from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.models import build_model
+from privdl.topology import mixing_matrix, ring
+from privdl.topology.timevarying import ExponentialGraph
 
 PAPER = "Zhu et al., PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient Push"
 
@@ -60,13 +69,10 @@ def _setup(
     data_dir: str | None,
     dataset: str = "mnist",
     seed: int = 0,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
 ):
     """Load, subsample and split the data IID over ``n`` nodes (floor and drop, spec §8.10);
     the node-stacked data and the evaluation sets are moved to ``device``."""
-    from privdl.data import load_dataset
-    from privdl.models import build_model
-
     kw = {"n_train": cfg["n_train"], "n_test": cfg["n_test"]} if "synthetic" in dataset else {}
     ds = load_dataset(dataset, data_dir=data_dir, seed=seed, **kw)
     g = torch.Generator().manual_seed(seed + 1)
@@ -91,8 +97,6 @@ def _setup(
 
 
 def _eval(model, params: dict, train, test) -> dict[str, float]:
-    from privdl.engine.grads import evaluate
-
     avg = {k: v.mean(0, keepdim=True) for k, v in params.items()}
     tr_loss, _ = evaluate(model, avg, *train, loss="cross_entropy")
     _, te_acc = evaluate(model, avg, *test, loss="cross_entropy")
@@ -289,7 +293,6 @@ def run_speedup(
     top, cfg = _cfg("privsgp-mnist-speedup", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from privdl.topology.timevarying import ExponentialGraph
 
     results = {}
     for n in cfg["n"]:
@@ -408,7 +411,6 @@ def _budget_run(
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
     res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
     z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
-    from privdl.accounting.nominal import privsgp_accounted_sigma, privsgp_vr_budget
 
     spent = privsgp_vr_budget(
         sigma=sigma,
@@ -455,8 +457,6 @@ _BUDGET_NOTE = (
 
 def _nominal_budget(epsilon: float, delta: float) -> dict[str, Any]:
     """The labelled budget the sweeps' runs are named by (nominal: eq. (11)'s sigma)."""
-    from privdl.accounting.nominal import nominal_ldp_budget
-
     notes = "per node; runs use eq. (11)'s sigma, which no accountant certifies for it"
     return nominal_ldp_budget(epsilon, delta, formula="privsgp-thm2", notes=notes).to_dict()
 
@@ -489,7 +489,6 @@ def run_ksweep(
     top, cfg = _cfg("privsgp-mnist-ksweep", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from privdl.topology.timevarying import ExponentialGraph
 
     n, k_star = cfg["n"], cfg["k_star"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
@@ -573,7 +572,6 @@ def run_eps(
     if not cfg["epsilons"] or any(not e > 0 for e in cfg["epsilons"]):
         raise ConfigError(f"epsilons must be positive numbers, got {cfg['epsilons']}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from privdl.topology.timevarying import ExponentialGraph
 
     n, k1 = cfg["n"], cfg["k_star_at_eps1"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
@@ -719,8 +717,6 @@ def run_vr(
     top, cfg = _cfg("privsgp-mnist-vr", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from privdl.topology import mixing_matrix, ring
-    from privdl.topology.timevarying import ExponentialGraph
 
     n, k = cfg["n"], cfg["steps"]
     sigma = math.sqrt(top["sigma2"])
@@ -855,8 +851,6 @@ def run_cifar(
     preset's ``time_limit_s`` caps the training (split between the two runs); a run stopped by it
     says so in the report.
     """
-    from privdl.topology.timevarying import ExponentialGraph
-
     t0 = time.time()
     top, cfg = _cfg("privsgp-cifar", quick, overrides)
     dev = _check_device(device)
@@ -947,9 +941,6 @@ def run_cifar(
 
 def _cifar_planning(top: dict, *, accounted_k: bool) -> dict[str, Any]:
     """Corollary 1 with the paper's CIFAR constants, nominal and accounted (spec §10)."""
-    from privdl.accounting import privsgp_optimal_steps, privsgp_plan
-    from privdl.algorithms.privsgp import optimal_steps
-
     n_paper = 16
     a_const = (
         13 * top["f0"] + 6 * top["smoothness"] * top["x0_sq"] + (18 * top["smoothness"] * top["b2"])
@@ -994,8 +985,8 @@ def _cifar_planning(top: dict, *, accounted_k: bool) -> dict[str, Any]:
         "U_star_nominal": u_nom,
         "K_star_c2_1": k_nom1,
         "sigma_nominal": sig_nom,
-        "epsilon_accounted_for_nominal_sigma": plan.accounted.epsilon,
-        "epsilon_accounted_label": plan.accounted.label(),
+        "epsilon_accounted_for_nominal_sigma": cast(PrivacyBudget, plan.accounted).epsilon,
+        "epsilon_accounted_label": cast(PrivacyBudget, plan.accounted).label(),  # always set
         "epsilon_poisson_approximation": plan.values["epsilon_poisson_approximation"],
         "sigma_poisson_approximation": approx.sigmas[0],
         "noise_multiplier_poisson_approximation": approx.noise_multipliers[0],

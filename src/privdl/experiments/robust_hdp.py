@@ -17,12 +17,12 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from privdl.algorithms.aggregators import build_aggregator, two_means_split
+from privdl.algorithms.aggregators import RobustHDP, build_aggregator, two_means_split
 from privdl.algorithms.federated import evaluate_clients, split_train_test
 from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
@@ -281,7 +281,7 @@ def train_and_evaluate(
         batch_sizes=tuple(batch_sizes),
         lr=lr,
         rounds=rounds,
-        epsilons=tuple(eps) if private else None,
+        epsilons=tuple(cast("list[float]", eps)) if private else None,  # given to private methods
         reported_epsilons=tuple(reported) if private and reported else None,
         calibration="reference",  # the paper's setting: its eps_i are nominal (report says so)
     )
@@ -329,7 +329,7 @@ def train_and_evaluate(
         "oracle_weights": ((1 / s) / (1 / s).sum()).tolist() if private else None,
     }
     if method == "robust-hdp":  # RPCA solves that stopped at max_iter (their warning is silenced)
-        out["rpca_not_converged"] = fl.aggregator.rpca_not_converged
+        out["rpca_not_converged"] = cast(RobustHDP, fl.aggregator).rpca_not_converged
     if private:
         budgets = fl.client_budgets(state.participated)
         out["max_accounted_over_target"] = max(
@@ -338,10 +338,8 @@ def train_and_evaluate(
     return out
 
 
-def _privacy_note(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+def _privacy_note(results: dict[str, dict[Any, dict[str, Any]]]) -> str:
     """What the Dist budgets mean: nominal per-client targets, and what is certified."""
-    from privdl.robust.trainer import FederatedConfig
-
     ratios = [
         r["max_accounted_over_target"]
         for per_dist in results.values()

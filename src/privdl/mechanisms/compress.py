@@ -52,7 +52,8 @@ __all__ = [
 class Compressor(Protocol):
     """A compressor acting row-wise on ``(n, P)`` tensors."""
 
-    unbiased: bool
+    @property
+    def unbiased(self) -> bool: ...  # read-only: the compressors are frozen dataclasses
 
     def __call__(self, x: Tensor, *, generator: torch.Generator) -> Tensor: ...
 

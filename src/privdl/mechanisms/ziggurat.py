@@ -123,7 +123,8 @@ def aes_ctr_words(
     if zeros is None or len(zeros) != 4 * n_words:
         zeros = bytes(4 * n_words)
     encryptor = Cipher(algorithms.AES(key), modes.CTR(block)).encryptor()
-    encryptor.update_into(zeros, memoryview(out).cast("B"))
+    # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (3.11 has the protocol)
+    encryptor.update_into(zeros, memoryview(out).cast("B"))  # type: ignore[arg-type]
     return out[:n_words]
 
 

@@ -342,7 +342,9 @@ class SequentialModel(StackedModel):
             for k, s in layer.param_shapes().items()
         }
 
-    def _init_one(self, generator, dtype, device):
+    def _init_one(
+        self, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         for lname, layer in self.layers:
             for k, v in layer.init(generator, dtype, device).items():

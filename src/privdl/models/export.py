@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -65,6 +66,7 @@ def to_module(model: StackedModel, params: dict[str, Tensor]) -> nn.Module:
     mode that computes what ``model`` computes (see the module docstring for what each model kind
     becomes). A missing, unknown or misshapen parameter raises :class:`ConfigError`."""
     _check_params(model, params)
+    module: nn.Module | None
     if isinstance(model, (SequentialModuleModel, GraphModuleModel)):
         module = _user_module(model.source, params)
     elif isinstance(model, ModuleModel):
@@ -244,7 +246,7 @@ def _sequential(model: SequentialModel) -> nn.Module | None:
     children = OrderedDict((lname, _torch_layer(layer)) for lname, layer in model.layers)
     if any(m is None for m in children.values()):
         return None  # a layer with no torch twin
-    return nn.Sequential(children)
+    return nn.Sequential(cast("OrderedDict[str, nn.Module]", children))
 
 
 class _BasicBlock(nn.Module):
@@ -290,8 +292,13 @@ class _ResNet(nn.Module):
                 if f"{prefix}.downsample.1" in layers:
                     parts.append(get(f"{prefix}.downsample.1"))
                 downsample = nn.Sequential(*parts)
-            convs = [get(f"{prefix}.conv1"), norm(f"{prefix}.bn1")]
-            convs += [get(f"{prefix}.conv2"), norm(f"{prefix}.bn2")]
+            # one tuple (the same calls in the same order): mypy counts a tuple's *-arguments
+            convs = (
+                get(f"{prefix}.conv1"),
+                norm(f"{prefix}.bn1"),
+                get(f"{prefix}.conv2"),
+                norm(f"{prefix}.bn2"),
+            )
             stages.setdefault(prefix.split(".")[0], []).append(_BasicBlock(*convs, downsample))
         for stage, blocks in stages.items():
             self.add_module(stage, nn.Sequential(*blocks))

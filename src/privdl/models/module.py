@@ -45,7 +45,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -245,7 +245,7 @@ def _sequential_layers(module: nn.Module, prefix: str = "") -> list[tuple[str, L
 
 #: What a traced ``forward`` may call for an activation: ``Activation``'s own functions, their
 #: ``torch.nn.functional`` twin for relu, and the tensor methods of the same names.
-_FX_ACTIVATIONS = {
+_FX_ACTIVATIONS: dict[Any, str] = {
     **{fn: name for name, fn in ACTIVATIONS.items()},
     **{name: name for name in ACTIVATIONS},
     torch.nn.functional.relu: "relu",
@@ -436,7 +436,8 @@ def from_module(
     try:
         steps = _traced_steps(source.module)
         if _is_chain(steps):
-            return SequentialModuleModel(source, [(n, layer) for n, layer, _ in steps])
+            # _is_chain: no sum steps, so every layer is set
+            return SequentialModuleModel(source, [(n, cast(Layer, layer)) for n, layer, _ in steps])
         return GraphModuleModel(source, steps)
     except (ValueError, ConfigError):
         return source

@@ -116,7 +116,9 @@ class StackedResNet(StackedModel):
         shapes["fc.bias"] = (self.n_classes,)
         return shapes
 
-    def _init_one(self, generator, dtype, device):
+    def _init_one(
+        self, generator: torch.Generator, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         for key, shape in self.param_shapes().items():
             if key.startswith("fc."):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -48,7 +48,7 @@ def estimate_noise_levels(
     *,
     chunk_rows: int | None = DEFAULT_CHUNK_ROWS,
     max_blocks: int | None = None,
-    method: str = "admm",
+    method: Literal["ialm", "admm"] = "admm",
     max_iter: int = 5000,
     **pcp_kwargs: Any,
 ) -> Tensor:

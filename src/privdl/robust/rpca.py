@@ -55,7 +55,8 @@ class PCPResult:
 def shrink(x: Tensor, tau: float | Tensor) -> Tensor:
     """Entrywise soft threshold ``sgn(x) max(|x| - tau, 0)`` (Algorithm 3, S-update), computed
     as ``x - clamp(x, -tau, tau)``: the same values bit for bit, in two passes instead of four."""
-    return x - torch.clamp(x, -tau, tau)
+    # torch's clamp stub has (Tensor, Tensor) and (Number, Number) bounds only; it takes any mix
+    return x - torch.clamp(x, -tau, tau)  # type: ignore[arg-type]
 
 
 #: Largest short side for which :func:`svt` thresholds through the Gram matrix.

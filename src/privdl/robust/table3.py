@@ -19,6 +19,7 @@ z(min_j eps_j) and w ∝ N_i; Oracle: w ∝ 1/sigma_i^2 (Eq. 8).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -97,10 +98,14 @@ def table3_row(
     b = np.asarray(batch_sizes, float)
     if eps_arr.shape != b.shape or eps_arr.ndim != 1:
         raise PrivacyError("eps and batch_sizes must be 1-D lists of equal length")
-    kw = dict(num_samples=num_samples, local_epochs=local_epochs, rounds=rounds, delta=delta)
+    kw: dict[str, Any] = dict(
+        num_samples=num_samples, local_epochs=local_epochs, rounds=rounds, delta=delta
+    )
     z = noise_multiplier(eps_arr, b, decimals=decimals, **kw)
     z_min = noise_multiplier(np.full_like(eps_arr, eps_arr.min()), b, decimals=decimals, **kw)
-    var_kw = dict(num_samples=num_samples, local_epochs=local_epochs, clip_norm=clip_norm)
+    var_kw: dict[str, Any] = dict(
+        num_samples=num_samples, local_epochs=local_epochs, clip_norm=clip_norm
+    )
     s = update_variance(z, b, **var_kw)
     s_min = update_variance(z_min, b, **var_kw)
     n = eps_arr.size

@@ -1,5 +1,6 @@
 """Communication graphs and their mixing matrices."""
 
+from privdl.errors import GraphError
 from privdl.topology.graphs import (
     Topology,
     complete,
@@ -19,8 +20,6 @@ from privdl.topology.timevarying import ExponentialGraph
 
 def parse_topology(spec: str) -> Topology | ExponentialGraph:
     """Parse a static graph spec or ``expo:N`` (time-varying directed exponential graph)."""
-    from privdl.errors import GraphError
-
     s = spec.strip() if isinstance(spec, str) else spec
     if isinstance(s, str) and s.startswith("expo:"):
         parts = s.split(":")[1:]
