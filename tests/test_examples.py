@@ -41,7 +41,7 @@ def test_own_cnn_decor_torus(tmp_path):
     assert m, out
     eps, target = float(m[1]), float(m[2])
     assert 0 < eps <= target == 4.0
-    assert (m[3], float(m[4]), m[5], m[6]) == ("secrdp+rdp-subsampled", 1e-5, "example",
+    assert (m[3], float(m[4]), m[5], m[6]) == ("secrdp+pld", 1e-5, "example",
                                                "eavesdropper")  # fmt: skip
     recorded = _recorded(tmp_path)
     assert recorded["epsilon"] <= target and round(recorded["epsilon"], 4) == eps

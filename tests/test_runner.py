@@ -1,6 +1,7 @@
 """The runner: records, privacy labels, calibration and resume."""
 
 import json
+import math
 import os
 import re
 
@@ -44,21 +45,25 @@ def test_records_layout_and_privacy_label(tmp_path):
     final = summary["final"]["privacy"]
     # calibrated conservatively: the accounted total is at most the target, and close to it
     assert 5.0 * (1 - 1e-6) <= final["epsilon"] <= 5.0
-    assert final["accountant"] == "secrdp+classic" and final["unit"] == "user"
+    assert final["accountant"] == "secrdp+gaussian" and final["unit"] == "user"  # exact default
+    assert final["mu"] > 0 and rows[1]["privacy"]["mu"] < final["mu"]
     assert final["threat_model"] == "ldp" and final["neighbouring"] == "replace_one"
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     assert saved["sigma"] > 0  # the resolved config carries the calibrated noise
 
 
 def test_calibrated_ldp_sigma_matches_paper_table(tmp_path):
-    """Spec §6.2: T = 3500, eps = 10 gives sigma_ldp = 67.19 C; CDP sigma_ldp / sqrt(n)."""
+    """Spec §6.2: T = 3500, eps = 10 gives sigma_ldp = 67.19 C with the paper's classic
+    conversion (``accountant="rdp"``); CDP sigma_ldp / sqrt(n). The exact default needs less."""
     base = {**LS, "graph": "ring:16", "steps": 3500, "epsilon": 10.0, "delta": 1e-5}
     from privdl.loop import build_run as build
 
-    ldp = build(make_config({**base, "algorithm": "ldp"})).cfg
-    cdp = build(make_config({**base, "algorithm": "cdp"})).cfg
+    ldp = build(make_config({**base, "algorithm": "ldp", "accountant": "rdp"})).cfg
+    cdp = build(make_config({**base, "algorithm": "cdp", "accountant": "rdp"})).cfg
     assert ldp.sigma == pytest.approx(67.19, rel=1e-3)
     assert cdp.sigma == pytest.approx(67.19 / 4, rel=1e-3)
+    exact = build(make_config({**base, "algorithm": "ldp"})).cfg
+    assert 0.58 < (exact.sigma / ldp.sigma) ** 2 < 0.95
 
 
 def test_decor_calibration_meets_target(tmp_path):
@@ -519,21 +524,28 @@ def test_step_size_and_consensus_distance_closed_forms():
 
 def test_full_batch_example_level_run_is_labelled_unsampled(tmp_path):
     """batch = every example of the node: no subsampling amplification, so the label names the
-    plain accountant (not "rdp-subsampled") and the epsilon is the T-fold Gaussian's
-    (dp-accounting, written from scratch, at replace-one sensitivity 2C/B)."""
+    plain accountant (not "rdp-subsampled") and the epsilon is the T-fold Gaussian's: exact by
+    default (mu-GDP, mu = sqrt(T)/z: Balle and Wang's delta(eps)); with ``accountant="rdp"``
+    dp-accounting's (written from scratch) at replace-one sensitivity 2C/B."""
     import dp_accounting as dpa
     from dp_accounting import rdp
+    from scipy.stats import norm
 
     from privdl.accounting.dpsgd import RDP_ORDERS
     from privdl.tasks import build_task
 
     probe = make_config(dict(algorithm="ldp", task="a9a", graph="ring:8", steps=2, sigma=0.5))
     m = int(build_task(probe).data.counts.min())
-    cfg = make_config(
-        dict(algorithm="ldp", task="a9a", graph="ring:8", steps=2, lr=0.1, clip=1.0, sigma=0.5,
-             batch_size=m, eval_every=1, clip_mode="per_sample")
-    )  # fmt: skip
+    values = dict(algorithm="ldp", task="a9a", graph="ring:8", steps=2, lr=0.1, clip=1.0,
+                  sigma=0.5, batch_size=m, eval_every=1, clip_mode="per_sample")  # fmt: skip
+    exact = train(make_config(values), tmp_path / "x", progress=False)["final"]["privacy"]
+    mu, e = math.sqrt(2) / (0.5 / (2 * 1.0 / m)), exact["epsilon"]
+    bw = norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2))
+    assert bw <= exact["delta"] and math.isclose(bw, exact["delta"], rel_tol=1e-6)
+    assert exact["accountant"] == "secrdp+gaussian" and exact["mu"] == pytest.approx(mu)
+    cfg = make_config({**values, "accountant": "rdp"})
     final = train(cfg, tmp_path / "r", progress=False)["final"]["privacy"]
+    assert exact["epsilon"] < final["epsilon"]
     acc = rdp.RdpAccountant(
         orders=RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
     )

@@ -41,15 +41,22 @@ CONFIGS = {
 }
 
 
+def bw_delta(mu: float, eps: float) -> float:
+    """Balle and Wang (2018, Thm 8): the exact delta(eps) of a mu-GDP mechanism (scipy)."""
+    from scipy.stats import norm
+
+    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)))
+
+
 def test_porter_dp_sigma_matches_decor_ldp_table():
     """PORTER-DP adds N(0, sigma_p^2) to each agent's clipped gradient: on the full-gradient least
     squares it is the LDP mechanism, so DECOR spec §6.2's sigma_ldp = 67.19 C (T = 3500, eps =
     10, delta = 1e-5) applies; Theorem 1's nominal formula does not (no sampling)."""
-    cfg = make_config(
-        {**LS, "graph": "ring:16", "steps": 3500, "algorithm": "porter-dp", "epsilon": 10.0}
-    )
-    built = build(cfg)
-    assert built.cfg.sigma == pytest.approx(67.19, rel=1e-3)
+    values = {**LS, "graph": "ring:16", "steps": 3500, "algorithm": "porter-dp", "epsilon": 10.0}
+    paper = build(make_config({**values, "accountant": "rdp"}))  # the table's classic conversion
+    assert paper.cfg.sigma == pytest.approx(67.19, rel=1e-3)
+    built = build(make_config(values))  # the exact default: less noise for the same guarantee
+    assert 0.58 < (built.cfg.sigma / paper.cfg.sigma) ** 2 < 0.95
     assert built.algorithm.sigma_p == built.cfg.sigma and built.cfg.delta == 1e-5
     priv = built.privacy(3500)
     assert 10.0 * (1 - 1e-6) <= priv["epsilon"] <= 10.0
@@ -84,18 +91,21 @@ def test_porter_defaults_and_gc_refusals():
 
 
 def test_privsgp_vr_epsilon_is_classic_gaussian_composition(tmp_path):
-    """No amplification: eps = rho + 2 sqrt(rho ln(1/delta)), rho = T D^2/(2 sigma^2) with the
-    replace-one sensitivity D = (4 - 2/J) C of g = h - T[xi] + mean(T); J = d = 5 samples."""
+    """No amplification: T Gaussian steps are exactly mu-GDP, mu = sqrt(2 rho), rho = T D^2/(2
+    sigma^2) with the replace-one sensitivity D = (4 - 2/J) C of g = h - T[xi] + mean(T); J = d =
+    5 samples. The exact epsilon is below the classic rho + 2 sqrt(rho ln(1/delta))."""
     cfg = {**LS, "algorithm": "privsgp-vr", "graph": "expo:6", "ls_dim": 5, "epsilon": 4.0}
     summary = train(cfg, tmp_path / "r", progress=False)
     sigma, delta = summary["config"]["sigma"], summary["config"]["delta"]
     sens = (4.0 - 2.0 / 5) * 1.0
     rho = 40 * sens**2 / (2 * sigma**2)
-    expected = rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    classic = rho + 2 * math.sqrt(rho * math.log(1 / delta))
     priv = summary["final"]["privacy"]
-    assert priv["epsilon"] == pytest.approx(expected, rel=1e-9)
+    mu = math.sqrt(2 * rho)
+    assert bw_delta(mu, priv["epsilon"]) <= delta < bw_delta(mu, priv["epsilon"] * (1 - 1e-6))
+    assert priv["epsilon"] < classic and priv["mu"] == pytest.approx(mu)
     assert 4.0 * (1 - 1e-6) <= priv["epsilon"] <= 4.0
-    assert priv["accountant"] == "gaussian-rdp+classic" and priv["unit"] == "example"
+    assert priv["accountant"] == "gaussian" and priv["unit"] == "example"
     assert priv["neighbouring"] == "replace_one" and priv["threat_model"] == "ldp"
     # the paper's formula and the Poisson approximation are recorded, labelled, never used
     cal = json.loads((tmp_path / "r" / "calibration.json").read_text())
@@ -120,7 +130,9 @@ def test_privsgp_epsilon_matches_dp_accounting(tmp_path):
     )
     priv = summary["final"]["privacy"]
     assert priv["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-2)
-    assert priv["accountant"] == "rdp-subsampled" and priv["unit"] == "example"
+    # the tightest certified for fixed-size sampling is RDP (dp-accounting has no PLD for it)
+    assert priv["accountant"] == "rdp" and priv["unit"] == "example"
+    assert "no PLD for fixed-size" in priv["notes"]
 
 
 def test_privsgp_record_is_capped_by_unsampled_steps(tmp_path):
@@ -134,12 +146,17 @@ def test_privsgp_record_is_capped_by_unsampled_steps(tmp_path):
     priv = train(cfg, tmp_path / "r", progress=False)["final"]["privacy"]
     j, sens = 10, 2.0  # J = 10 entries of one sample, sensitivity 2C
     rho = 10 * sens**2 / (2 * 0.05**2)
-    unsampled = rho + 2 * math.sqrt(rho * math.log(1 / 1e-5))
+    classic = rho + 2 * math.sqrt(rho * math.log(1 / 1e-5))
     acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
     acc.compose(dpa.SampledWithoutReplacementDpEvent(j, 1, dpa.GaussianDpEvent(0.05 / sens)), 10)
-    assert unsampled < acc.get_epsilon(1e-5)
-    assert priv["epsilon"] == pytest.approx(unsampled, rel=1e-12)
-    assert "capped by the unsampled" in priv["notes"]
+    assert classic < acc.get_epsilon(1e-5)
+    # the cap is the exact epsilon of the unsampled steps (mu-GDP, mu = sqrt(2 rho))
+    mu, e = math.sqrt(2 * rho), priv["epsilon"]
+    assert bw_delta(mu, e) <= 1e-5 < bw_delta(mu, e * (1 - 1e-6)) and e < classic
+    assert (
+        priv["accountant"] == "gaussian-unsampled-cap"
+        and "capped by the unsampled" in priv["notes"]
+    )
 
 
 @pytest.mark.parametrize("algorithm", sorted(CONFIGS))
@@ -287,8 +304,9 @@ def test_sharded_checkpoint_resumes_in_one_process(tmp_path):
 
 def test_privsgp_one_entry_is_labelled_unsampled(tmp_path):
     """block_size = the node's samples leaves one table entry (J = 1): every step uses every
-    sample, so the label is the plain "rdp" and the epsilon the T-fold Gaussian's at
-    replace-one sensitivity 2C/B (dp-accounting, written from scratch)."""
+    sample, so the epsilon is the T-fold Gaussian's at replace-one sensitivity 2C/B: exact by
+    default (label "gaussian", Balle and Wang's delta), below dp-accounting's RDP (written from
+    scratch)."""
     import dp_accounting as dpa
 
     from privdl.accounting.dpsgd import RDP_ORDERS
@@ -303,5 +321,7 @@ def test_privsgp_one_entry_is_labelled_unsampled(tmp_path):
     )  # the huge orders tiny noise needs
     acc.compose(dpa.GaussianDpEvent(0.5 / (2 * 1.0 / b)), 3)
     priv = summary["final"]["privacy"]
-    assert priv["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
-    assert priv["accountant"] == "rdp" and "no subsampling" in priv["notes"]
+    mu, e = math.sqrt(3) / (0.5 / (2 * 1.0 / b)), priv["epsilon"]
+    assert bw_delta(mu, e) <= 1e-5 and math.isclose(bw_delta(mu, e), 1e-5, rel_tol=1e-6)
+    assert e < acc.get_epsilon(1e-5)
+    assert priv["accountant"] == "gaussian" and "no subsampling" in priv["notes"]

@@ -1,7 +1,11 @@
 """Record the numbers a refactor must not change, and compare two recordings.
 
     python tools/golden.py record OUT.json [--work DIR] [--only runs,launch,repro,demo]
-    python tools/golden.py compare BEFORE.json AFTER.json
+    python tools/golden.py compare BEFORE.json AFTER.json [--ignore KEY,KEY]
+
+``--run-args "--accountant rdp"`` appends options to every ``privdl run`` and ``launch`` (e.g. to
+show that a new default is the only change: the old choice must give the old numbers);
+``--ignore`` leaves keys out of the comparison (e.g. a key the new version adds).
 
 ``record`` runs, through the command line as a user would, a small run of every algorithm (single
 process and two processes under ``privdl launch``), every quick reproduction and the demo, and
@@ -380,7 +384,10 @@ def _cli(args: list[str], *, log: Path, env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
-def record(out: Path, work: Path, only: set[str], data_dir: str | None) -> None:
+def record(
+    out: Path, work: Path, only: set[str], data_dir: str | None, run_args: list[str] | None = None
+) -> None:
+    extra = list(run_args or [])
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if data_dir:
@@ -393,8 +400,8 @@ def record(out: Path, work: Path, only: set[str], data_dir: str | None) -> None:
     if "runs" in only:
         for name, args in RUNS.items():
             d = work / "runs" / name
-            result["seconds"][f"run/{name}"] = _cli(["run", *args, "--out", str(d)], log=log,
-                                                    env=env)  # fmt: skip
+            result["seconds"][f"run/{name}"] = _cli(["run", *args, *extra, "--out", str(d)],
+                                                    log=log, env=env)  # fmt: skip
             if (d / "seeds.json").exists():
                 result["runs"][name] = {s.name: _run_dir(s) for s in sorted(d.glob("seed-*"))}
             else:
@@ -402,7 +409,7 @@ def record(out: Path, work: Path, only: set[str], data_dir: str | None) -> None:
     if "launch" in only:
         for name in LAUNCH:
             d = work / "launch" / name
-            args = ["launch", "--nproc", "2", *RUNS[name], "--out", str(d)]
+            args = ["launch", "--nproc", "2", *RUNS[name], *extra, "--out", str(d)]
             result["seconds"][f"launch/{name}"] = _cli(args, log=log, env=env)
             result["launch"][name] = _run_dir(d)
     if "repro" in only:
@@ -451,8 +458,18 @@ def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
         out.append(f"{path}: {a!r} -> {b!r}")
 
 
-def compare(before: Path, after: Path) -> int:
+def _drop(x: Any, keys: set[str]) -> Any:
+    if isinstance(x, dict):
+        return {k: _drop(v, keys) for k, v in x.items() if k not in keys}
+    if isinstance(x, list):
+        return [_drop(v, keys) for v in x]
+    return x
+
+
+def compare(before: Path, after: Path, ignore: set[str] | None = None) -> int:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    if ignore:
+        a, b = _drop(a, ignore), _drop(b, ignore)
     a.pop("seconds", None)
     b.pop("seconds", None)
     a, b = _strip(a), _strip(b)  # recordings made before a key was known to be a timing
@@ -484,14 +501,17 @@ def main() -> int:
     r.add_argument("--work", type=Path, default=Path("golden-work"))
     r.add_argument("--only", default="runs,launch,repro,demo")
     r.add_argument("--data-dir", default=os.environ.get("PRIVDL_DATA_DIR"))
+    r.add_argument("--run-args", default="", help="options appended to every run and launch")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
+    c.add_argument("--ignore", default="", help="comma-separated keys left out")
     args = p.parse_args()
     if args.cmd == "record":
-        record(args.out, args.work, set(args.only.split(",")), args.data_dir)
+        record(args.out, args.work, set(args.only.split(",")), args.data_dir,
+               args.run_args.split())  # fmt: skip
         return 0
-    return compare(args.before, args.after)
+    return compare(args.before, args.after, {k for k in args.ignore.split(",") if k})
 
 
 if __name__ == "__main__":

@@ -85,6 +85,13 @@ class CommonConfig(BaseModel):
         default=None, description="Target epsilon: the noise is calibrated to it."
     )
     delta: float | None = Field(default=None, description="Target delta (default 1e-5).")
+    accountant: Literal["tightest", "rdp"] = Field(
+        default="tightest",
+        description="tightest (default): the smallest certified epsilon, exact Gaussian (mu-GDP) "
+        "for user-level and unsampled noise, the smaller of dp-accounting's PLD and RDP for "
+        "sampled minibatches; rdp: privdl 0.1's RDP accounting (classic conversion at user "
+        "level), for comparison. Calibration inverts the chosen one.",
+    )
     label: str | None = Field(default=None, description="A name for the run in reports.")
     # Where the noise keys (and DECOR's X25519 key pairs) come from: "seed" derives them from
     # ``seed`` (reproducible simulation; anyone who knows the seed can rebuild every noise draw),

@@ -17,8 +17,10 @@ The unit follows the clipping: ``batch_mean`` clipping of a node's gradient (and
 least-squares task) is user-level, ``per_sample`` clipping with a batch mean over ``b`` examples is
 example-level with sensitivity ``2C/b`` (replace-one) and amplification by the sampling scheme
 (fixed-size without replacement, or Poisson under add/remove) through dp-accounting's RDP
-accountant. Each step reduces to its equivalent Gaussian mechanism; user-level totals use the
-classic RDP->DP conversion.
+accountant. Each step reduces to its equivalent Gaussian mechanism. The accounting is the tightest
+certified by default: user-level totals are exactly a Gaussian mechanism (mu-GDP, recorded as
+``mu``) converted exactly; example-level totals take the smaller of dp-accounting's PLD and RDP
+(:mod:`privdl.accounting.tightest`), and calibration inverts the same accountant.
 """
 
 from __future__ import annotations
@@ -32,18 +34,18 @@ import numpy as np
 from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.calibration import calibrate_sigma_cor, sigma_cdp_range
 from privdl.accounting.conversion import (
+    DEFAULT_CONVERSION,
+    UNSAMPLED_CAP_CLASSIC_NOTE,
     UNSAMPLED_CAP_NOTE,
     cap_by_unsampled,
     compose_convert,
+    gaussian_mu,
     step_rdp_for_epsilon,
 )
-from privdl.accounting.dpsgd import (
-    calibrate_noise_multiplier,
-    event_epsilon,
-    wang_fixed_size_rdp,
-)
+from privdl.accounting.dpsgd import calibrate_noise_multiplier, event_epsilon, wang_fixed_size_rdp
 from privdl.accounting.events import DecorStepEvent
 from privdl.accounting.secrdp import decor_step_rdp
+from privdl.accounting.tightest import tightest_epsilon
 from privdl.errors import ConfigError, PrivacyError
 
 DEFAULT_DELTA = 1e-5
@@ -51,6 +53,16 @@ DEFAULT_DELTA = 1e-5
 NoiseKind = Literal["local", "central", "correlated"]
 #: The threat model each noise kind is accounted against ("correlated": the run's adversary).
 THREAT = {"local": "ldp", "central": "central"}
+
+
+def accountant_of(cfg: Any) -> str:
+    """The run's accountant choice: ``tightest`` (default) or ``rdp`` (privdl 0.1's)."""
+    return str(getattr(cfg, "accountant", "tightest"))
+
+
+def user_conversion(cfg: Any) -> str:
+    """The RDP -> (eps, delta) conversion of user-level totals: exact unless ``rdp`` was asked."""
+    return DEFAULT_CONVERSION if accountant_of(cfg) == "tightest" else "classic"
 
 
 def target_delta(cfg: Any) -> float:
@@ -129,20 +141,23 @@ def spent(
         cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor
     )
 
+    tight = accountant_of(cfg) == "tightest"
     if unit == "user":
+        conversion = user_conversion(cfg)
 
         def at(t: int) -> dict[str, Any]:
             eps = (
-                0.0 if t == 0 else compose_convert(rho, steps=t, delta=delta, conversion="classic")
+                0.0 if t == 0 else compose_convert(rho, steps=t, delta=delta, conversion=conversion)
             )
             return PrivacyBudget(
                 epsilon=eps,
                 delta=delta,
-                accountant="secrdp+classic",
+                accountant=f"secrdp+{conversion}",
                 neighbouring="replace_one",
                 unit="user",
                 threat_model=threat,
-                notes=f"step_rdp={rho:.6g}",
+                notes=f"step_rdp={rho:.6g}" + ("; exact: mu-GDP" if tight else ""),
+                mu=gaussian_mu(rho * t),
             ).to_dict()
 
         return at
@@ -150,33 +165,47 @@ def spent(
     sampling, neighbouring, rate, m = example_sampling(cfg, task)
 
     def at_example(t: int) -> dict[str, Any]:
-        if t == 0:
-            eps = 0.0
-        else:
-            ev = DecorStepEvent(
+        full = rate >= 1.0  # every example in every step: no amplification to label
+        notes = (
+            f"full batch (q=1, no subsampling), step_rdp={rho:.6g}"
+            if full
+            else f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}"
+        )
+        eps, mu = 0.0, None
+        if tight:
+            accountant = "gaussian" if full else "tightest"
+        else:  # privdl 0.1's labels and numbers
+            accountant = "rdp" if full else "rdp-subsampled"
+        if t > 0:
+            event = DecorStepEvent(
                 step_rdp=rho,
                 steps=t,
                 threat_model=threat,
                 sampling_rate=rate,
                 sampling=sampling,
                 dataset_size=m,
-            )
-            eps = event_epsilon(ev.as_gaussian(neighbouring), delta=delta, accountant="rdp")
-        eps, capped = (eps, False) if t == 0 else cap_by_unsampled(eps, rho, steps=t, delta=delta)
-        full = rate >= 1.0  # every example in every step: no amplification to label
+            ).as_gaussian(neighbouring)
+            if tight:
+                got = tightest_epsilon(event, delta=delta)
+                eps, accountant, mu = got.epsilon, got.accountant, got.mu
+                notes += f"; {got.notes}"
+            else:
+                eps = event_epsilon(event, delta=delta, accountant="rdp")
+            cap = "gaussian" if tight else "classic"
+            eps, capped = cap_by_unsampled(eps, rho, steps=t, delta=delta, conversion=cap)
+            if capped and tight:
+                accountant, mu = "gaussian-unsampled-cap", gaussian_mu(rho * t)
+            if capped:
+                notes += UNSAMPLED_CAP_NOTE if tight else UNSAMPLED_CAP_CLASSIC_NOTE
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,
-            accountant="secrdp+rdp" if full else "secrdp+rdp-subsampled",
+            accountant=f"secrdp+{accountant}",
             neighbouring=neighbouring,
             unit="example",
             threat_model=threat,
-            notes=(
-                f"full batch (q=1, no subsampling), step_rdp={rho:.6g}"
-                if full
-                else f"{sampling} sampling q={rate:.4g}, step_rdp={rho:.6g}"
-            )
-            + (UNSAMPLED_CAP_NOTE if capped else ""),
+            notes=notes,
+            mu=mu,
         ).to_dict()
 
     return at_example
@@ -199,7 +228,9 @@ def calibrate_noise(
     unit = privacy_unit(cfg, task)
     c = float(cfg.clip) / (cfg.batch_size if unit == "example" else 1)
     if unit == "user":
-        rho = step_rdp_for_epsilon(cfg.epsilon, steps=cfg.steps, delta=delta)
+        rho = step_rdp_for_epsilon(
+            cfg.epsilon, steps=cfg.steps, delta=delta, conversion=user_conversion(cfg)
+        )
     else:
         sampling, neighbouring, rate, m = example_sampling(cfg, task)
         z = calibrate_noise_multiplier(
@@ -207,7 +238,7 @@ def calibrate_noise(
             sampling_rate=rate,
             steps=cfg.steps,
             delta=delta,
-            accountant="rdp",
+            accountant=accountant_of(cfg),
             sampling=sampling,
             neighbouring=neighbouring,
             dataset_size=m,
@@ -220,9 +251,16 @@ def calibrate_noise(
         return {"sigma": sigma_ldp * (1 + 1e-9), "delta": delta}
     if noise == "central":
         return {"sigma": sigma_ldp / math.sqrt(topo.n) * (1 + 1e-9), "delta": delta}
+    # the slope target rho, handed to the sigma_cor search as a one-step epsilon of the classic
+    # conversion (a monotone relabelling of rho, not an accountant choice)
     eps_one_step = compose_convert(rho * (1 - 1e-9), steps=1, delta=delta, conversion="classic")
     one_step: dict[str, Any] = dict(
-        epsilon=eps_one_step, delta=delta, steps=1, clip=c, adversary=adversary
+        epsilon=eps_one_step,
+        delta=delta,
+        steps=1,
+        clip=c,
+        adversary=adversary,
+        conversion="classic",
     )
     given = cfg.sigma if cfg.sigma > 0 else None
     try:
@@ -329,6 +367,7 @@ def decor_pair_for_step_rdp(
                 epsilon=eps_one,
                 delta=delta,
                 steps=1,
+                conversion="classic",
                 sigma_cdp=float(s),
                 clip=clip,
                 adversary=adversary,

@@ -174,6 +174,8 @@ def make_config(values: Mapping[str, Any], *, saved: bool = False) -> CommonConf
     recipe = entry.recipe
     model = recipe.config_model
     known = set(config_fields())
+    if saved and "accountant" not in values and "accountant" in model.model_fields:
+        values["accountant"] = "rdp"  # a run saved before the choice existed: keep its accounting
     for key in list(values):
         if key in model.model_fields:
             continue

@@ -18,6 +18,7 @@ from typing import Any
 
 from privdl.errors import ConfigError, PrivdlError
 from privdl.records import RecordsWarning, RunRecords, make_dir, seed_run_dirs
+from privdl.report_privacy import privacy_curves_figure
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
 SEED_KEYS = ("seed", "data_seed")
@@ -332,6 +333,15 @@ def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = T
     body = ["# privdl report", "", markdown_table(runs, group=group), ""]
     for p in plots:
         body.append(f"![{p.stem}]({p.name})")
+    groups = group_repeats(runs) if group else [[r] for r in runs]
+    entries = [
+        (label, _largest_budget([r["rows"][-1] for r in g]))
+        for g, label in zip(groups, distinct_labels(groups), strict=True)
+    ]
+    curves, lines = privacy_curves_figure(entries, out)  # runs recorded as mu-GDP
+    if curves is not None:
+        for line in [*lines, f"![privacy curves]({curves.name})"]:
+            body += ["", line]
     path = out / "report.md"
     path.write_text("\n".join(body) + "\n")
     return path

@@ -120,14 +120,21 @@ def test_account_decor_example_level():
     assert legacy.budget.nominal and "NOT a DP guarantee" in legacy.budget.notes
     classic = account_decor(ring, conversion="classic", **kw)
     assert classic.epsilon == pytest.approx(19.1, abs=0.05)
-    rdp_acc = account_decor(ring, **kw)
+    rdp_acc = account_decor(ring, conversion="rdp", **kw)
     assert rdp_acc.conversion == "rdp" and rdp_acc.budget.unit == "example"
+    # the default is the tightest certified: dp-accounting has no PLD for fixed-size sampling,
+    # so RDP here, labelled with the reason
+    default = account_decor(ring, **kw)
+    assert default.conversion == "tightest" and default.budget.accountant == "secrdp+rdp"
+    assert default.epsilon == rdp_acc.epsilon and "no PLD for fixed-size" in default.budget.notes
     assert rdp_acc.epsilon < classic.epsilon
     # the per-step slope is Alg 2 with C replaced by C / b
     assert rdp_acc.step_rdp == pytest.approx(
         decor_step_rdp(ring, sigma_cdp=0.005, sigma_cor=0.1, clip=1 / 64).step_rdp
     )
-    pois = account_decor(ring, sampling="poisson", neighbouring="add_remove", **kw)
+    pois = account_decor(
+        ring, sampling="poisson", neighbouring="add_remove", conversion="rdp", **kw
+    )
     direct = event_epsilon(
         SubsampledGaussianEvent(
             noise_multiplier=2 / math.sqrt(2 * rdp_acc.step_rdp),
@@ -137,6 +144,9 @@ def test_account_decor_example_level():
         delta=1e-5,
     )
     assert pois.epsilon == pytest.approx(direct, rel=1e-12)
+    # Poisson: the default takes dp-accounting's PLD where it is tighter than RDP
+    pois_default = account_decor(ring, sampling="poisson", neighbouring="add_remove", **kw)
+    assert pois_default.budget.accountant == "secrdp+pld" and pois_default.epsilon < direct
     with pytest.raises(PrivacyError, match="fixed_size"):
         account_decor(ring, conversion="classic", sampling="poisson", **kw)
     # at tiny noise the general Wang bound exceeds the unsampled Gaussian's: subsampling never
@@ -148,10 +158,11 @@ def test_account_decor_example_level():
         1000 * wang_fixed_size_rdp(sampled.step_rdp, 64 / 3750, np.arange(2, 257)),
         1e-5,
     )
+    # capped by the exact epsilon of the unsampled mechanism (mu-GDP): the user-level default
     unsampled = account_decor(
-        ring, sigma_cdp=0.005, sigma_cor=0.0005, clip=1 / 64, steps=1000, delta=1e-5,
-        conversion="classic",
+        ring, sigma_cdp=0.005, sigma_cor=0.0005, clip=1 / 64, steps=1000, delta=1e-5
     )  # fmt: skip
+    assert unsampled.budget.accountant == "secrdp+gaussian"
     assert unsampled.epsilon < wang and sampled.epsilon == pytest.approx(unsampled.epsilon)
     with pytest.raises(PrivacyError, match="batch"):
         account_decor(ring, sigma_cdp=1, sigma_cor=1, steps=10, delta=1e-5, sampling_rate=0.1)

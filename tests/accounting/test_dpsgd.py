@@ -43,15 +43,22 @@ def oracle_epsilon(q, z, steps, delta, conversion, orders=range(2, 257)):
 
 def test_golden_values():
     kw = dict(noise_multiplier=1.5, sampling_rate=0.04, steps=2250, delta=1e-5)
-    assert dpsgd_budget(**kw).epsilon == pytest.approx(7.329, abs=1e-3)
+    assert dpsgd_budget(**kw, accountant="rdp").epsilon == pytest.approx(7.329, abs=1e-3)
     assert dpsgd_budget(**kw, accountant="pld").epsilon == pytest.approx(6.769, abs=1e-3)
+    # the default is the tightest certified of the two, labelled with the one that produced it
+    default = dpsgd_budget(**kw)
+    assert default.epsilon == pytest.approx(6.769, abs=1e-3) and default.accountant == "pld"
 
 
 def test_abadi_sanity_against_independent_oracle():
     q, z, steps, delta = 256 / 60000, 1.1, 14062, 1e-5
     assert oracle_epsilon(q, z, steps, delta, "classic") == pytest.approx(3.01, abs=0.01)
-    ours = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=steps, delta=delta).epsilon
+    ours = dpsgd_budget(
+        noise_multiplier=z, sampling_rate=q, steps=steps, delta=delta, accountant="rdp"
+    ).epsilon
     oracle = oracle_epsilon(q, z, steps, delta, "cks")
+    default = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=steps, delta=delta).epsilon
+    assert default <= ours  # the tightest certified is never above RDP
     # ours also uses fractional orders, so it can only be lower, and not by much
     assert oracle * 0.97 <= ours <= oracle + 1e-9
 
@@ -71,7 +78,7 @@ def test_heterogeneous_nodes():
     for b, target in zip(budgets, eps, strict=True):
         assert b.epsilon <= target
         assert b.epsilon == pytest.approx(target, rel=1e-2)
-        assert b.unit == "example" and b.accountant == "rdp"
+        assert b.unit == "example" and b.accountant == "pld"
 
 
 def test_wang_bound_log_space_matches_direct_formula_and_never_overflows():
@@ -124,8 +131,18 @@ def test_wang_bound_spec_values_and_dp_accounting():
 def test_unsupported_pairs_and_bad_input():
     with pytest.raises(PrivacyError, match="does not support"):
         dpsgd_budget(
-            noise_multiplier=1, sampling_rate=0.1, steps=10, delta=1e-5, neighbouring="replace_one"
+            noise_multiplier=1,
+            sampling_rate=0.1,
+            steps=10,
+            delta=1e-5,
+            neighbouring="replace_one",
+            accountant="rdp",
         )
+    # the default has PLD for that pair and says RDP was left out
+    default = dpsgd_budget(
+        noise_multiplier=1, sampling_rate=0.1, steps=10, delta=1e-5, neighbouring="replace_one"
+    )
+    assert default.accountant == "pld" and "no RDP for Poisson" in default.notes
     with pytest.raises(PrivacyError, match="does not support"):
         dpsgd_budget(
             noise_multiplier=1,
@@ -165,7 +182,9 @@ def test_vectorised_poisson_curves_equal_dp_accounting(q, z, steps):
     from privdl.accounting.dpsgd import epsilons_from_curves, poisson_rdp_curves
 
     ours = epsilons_from_curves(poisson_rdp_curves([q], [z]), [steps], 1e-5)[0]
-    lib = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=steps, delta=1e-5).epsilon
+    lib = dpsgd_budget(
+        noise_multiplier=z, sampling_rate=q, steps=steps, delta=1e-5, accountant="rdp"
+    ).epsilon
     assert ours == pytest.approx(lib, rel=1e-7)
 
 
@@ -174,7 +193,9 @@ def test_vectorised_curves_compose_linearly_and_zero_steps_spend_nothing():
 
     curves = poisson_rdp_curves([0.02, 0.05], [1.0, 2.0])
     eps = epsilons_from_curves(curves, [0, 300], 1e-5)
-    lib = dpsgd_budget(noise_multiplier=2.0, sampling_rate=0.05, steps=300, delta=1e-5).epsilon
+    lib = dpsgd_budget(
+        noise_multiplier=2.0, sampling_rate=0.05, steps=300, delta=1e-5, accountant="rdp"
+    ).epsilon
     assert eps[0] == 0.0 and eps[1] == pytest.approx(lib, rel=1e-7)
 
 
@@ -188,12 +209,13 @@ def test_vectorised_calibration_against_scalar_bisection():
         target_epsilons=targets, sampling_rates=rates, steps=steps, delta=1e-5
     )
     for z, e, q, t in zip(zs, targets, rates, steps, strict=True):
-        scalar = calibrate_noise_multiplier(target_epsilon=e, sampling_rate=q, steps=t, delta=1e-5)
+        scalar = calibrate_noise_multiplier(
+            target_epsilon=e, sampling_rate=q, steps=t, delta=1e-5, accountant="rdp"
+        )
         assert z == pytest.approx(scalar, rel=2e-4)
-        spent = dpsgd_budget(noise_multiplier=z, sampling_rate=q, steps=t, delta=1e-5).epsilon
-        below = dpsgd_budget(
-            noise_multiplier=z * (1 - 5e-4), sampling_rate=q, steps=t, delta=1e-5
-        ).epsilon
+        kw = dict(sampling_rate=q, steps=t, delta=1e-5, accountant="rdp")
+        spent = dpsgd_budget(noise_multiplier=z, **kw).epsilon
+        below = dpsgd_budget(noise_multiplier=z * (1 - 5e-4), **kw).epsilon
         assert spent <= e < below
 
 

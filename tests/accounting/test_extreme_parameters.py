@@ -110,7 +110,9 @@ def test_ordinary_dpsgd_numbers_are_dp_accountings():
     acc.compose(
         dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.1)), 1000)
     )
-    got = dpsgd_budget(noise_multiplier=1.1, sampling_rate=0.01, steps=1000, delta=1e-5)
+    got = dpsgd_budget(
+        noise_multiplier=1.1, sampling_rate=0.01, steps=1000, delta=1e-5, accountant="rdp"
+    )
     assert got.epsilon == acc.get_epsilon(1e-5)
 
 
@@ -121,8 +123,11 @@ def test_classic_slope_for_epsilon_matches_60_digits(eps, delta):
         log_inv = -mpmath.log(mpmath.mpf(delta))
         want = float((mpmath.sqrt(log_inv + eps) - mpmath.sqrt(log_inv)) ** 2)
     assert classic_rho_for_epsilon(eps, delta) == pytest.approx(want, rel=1e-13, abs=0)
-    rho = step_rdp_for_epsilon(eps, steps=10, delta=delta)  # returns at once, certified
-    assert classic_epsilon(10 * rho, delta) <= eps
+    rho = step_rdp_for_epsilon(eps, steps=10, delta=delta, conversion="classic")  # at once
+    assert classic_epsilon(10 * rho, delta) <= eps  # certified
+    # the default (exact) conversion: certified too, and never a smaller slope than classic's
+    exact = step_rdp_for_epsilon(eps, steps=10, delta=delta)
+    assert gaussian_epsilon(10 * exact, delta) <= eps and exact >= rho
 
 
 @pytest.mark.parametrize("log_rho", [-28, -22, -16, -12, -8, -4, 0, 2])
@@ -159,7 +164,7 @@ def test_unreachable_target_is_refused_with_the_reason(target, delta):
     (before the audit: a noise multiplier whose accounted eps was a spurious 0)."""
     with pytest.raises(PrivacyError, match="below what the RDP accountant can certify"):
         calibrate_noise_multiplier(
-            target_epsilon=target, sampling_rate=1e-3, steps=10**7, delta=delta
+            target_epsilon=target, sampling_rate=1e-3, steps=10**7, delta=delta, accountant="rdp"
         )
     with pytest.raises(PrivacyError, match="below what the RDP accountant can certify"):
         calibrate_noise_multipliers(

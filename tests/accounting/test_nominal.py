@@ -71,15 +71,21 @@ def test_privsgp_cifar_t16_and_accounted_hazard():
     assert plan.values["sigma"] == pytest.approx(0.225857, abs=1e-6)
     assert plan.nominal.nominal and plan.nominal.epsilon == 3
     assert plan.accounted.epsilon > 100  # the formula's sigma is ~70x too small (spec s.8.4)
-    # certified: K Gaussian steps at sensitivity (4 - 2/J) G, no amplification, classic
-    from privdl.accounting.conversion import compose_convert
+    # certified: K Gaussian steps at sensitivity (4 - 2/J) G, no amplification: exactly
+    # mu-GDP, mu = sqrt(K) sens / sigma, converted exactly (Balle-Wang delta(eps) = delta)
+    from scipy.stats import norm
 
     sens = (4 - 2 / 3125) * 10
-    rho = sens**2 / (2 * plan.values["sigma"] ** 2)
-    assert plan.accounted.epsilon == pytest.approx(
-        compose_convert(rho, steps=3120, delta=1e-5, conversion="classic"), rel=1e-12
-    )
-    assert plan.accounted.accountant == "gaussian-rdp+classic"
+    mu = math.sqrt(3120) * sens / plan.values["sigma"]
+    eps = plan.accounted.epsilon
+    assert plan.accounted.accountant == "gaussian" and plan.accounted.mu == pytest.approx(mu)
+
+    def bw_delta(e):
+        return norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2))
+
+    assert bw_delta(eps) <= 1e-5 < bw_delta(eps * (1 - 1e-6))
+    classic = mu**2 / 2 + 2 * math.sqrt(mu**2 / 2 * math.log(1e5))  # Lemma 11, closed form
+    assert eps < classic
     # the paper-style Poisson number is smaller: an approximation, kept for comparison
     assert plan.values["epsilon_poisson_approximation"] < plan.accounted.epsilon
 
@@ -150,9 +156,20 @@ def test_porter_plan_is_capped_by_unsampled_steps_as_the_run_is():
     )
     acc.compose(dpa.SampledWithoutReplacementDpEvent(m, 1, dpa.GaussianDpEvent(z_r)), t)
     rho = t / (2 * z_r**2)
-    unsampled = rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    unsampled = rho + 2 * math.sqrt(rho * math.log(1 / delta))  # classic, closed form
     assert unsampled < acc.get_epsilon(delta)  # the cap binds here
-    assert plan.accounted.epsilon == pytest.approx(unsampled, rel=1e-12)
+    # the cap is the exact epsilon of T unsampled steps (mu-GDP, mu = sqrt(T)/z_r): below the
+    # classic conversion, and delta(eps) of Balle and Wang meets delta there and not below
+    from scipy.stats import norm
+
+    mu = math.sqrt(t) / z_r
+    eps = plan.accounted.epsilon
+    assert eps < unsampled
+
+    def bw_delta(e):
+        return norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2))
+
+    assert bw_delta(eps) <= delta < bw_delta(eps * (1 - 1e-6))
     assert "capped by the unsampled" in plan.accounted.notes
 
 

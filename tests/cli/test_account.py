@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -33,12 +34,23 @@ DECOR = [
 
 
 def test_account_decor_json(capsys):
-    out = run_json(capsys, [*DECOR, "--json"])
+    out = run_json(capsys, [*DECOR, "--conversion", "classic", "--json"])
     for key in ("epsilon", "delta", "step_rdp", "adversary", "conversion", "method"):
         assert key in out
-    assert out["epsilon"] == pytest.approx(10.45968939494, rel=1e-10)  # spec s.8.3
+    assert out["epsilon"] == pytest.approx(10.45968939494, rel=1e-10)  # the paper's (ACC-1)
     assert out["step_rdp"] == pytest.approx(4.787248702488e-04, rel=1e-10)
     assert out["adversary"] == "eavesdropper" and out["conversion"] == "classic"
+    # the default: the exact conversion of the same Gaussian mechanism, mu = sqrt(2 T step_rdp)
+    exact = run_json(capsys, [*DECOR, "--json"])
+    mu = math.sqrt(2 * 3500 * exact["step_rdp"])
+    assert exact["conversion"] == "gaussian" and exact["budget"]["mu"] == pytest.approx(mu)
+    assert exact["epsilon"] < out["epsilon"]
+    from scipy.stats import norm
+
+    def bw_delta(e):  # Balle and Wang 2018, Thm 8
+        return norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2))
+
+    assert bw_delta(exact["epsilon"]) <= 1e-5 < bw_delta(exact["epsilon"] * (1 - 1e-6))
 
 
 def test_account_decor_curious_and_table(capsys):
@@ -124,10 +136,14 @@ def test_account_dpsgd(capsys):
         "1e-5",
         "--json",
     ]
-    assert run_json(capsys, base)["epsilon"] == pytest.approx(7.329, abs=1e-3)
+    assert run_json(capsys, [*base, "--accountant", "rdp"])["epsilon"] == pytest.approx(
+        7.329, abs=1e-3
+    )
     assert run_json(capsys, [*base, "--accountant", "pld"])["epsilon"] == pytest.approx(
         6.769, abs=1e-3
     )
+    default = run_json(capsys, base)  # the tightest certified: PLD here, and so labelled
+    assert default["epsilon"] == pytest.approx(6.769, abs=1e-3) and default["accountant"] == "pld"
 
 
 def test_calibrate_decor(capsys):
@@ -175,12 +191,10 @@ def test_calibrate_decor(capsys):
 def test_calibrate_decor_default_sigma_cdp(capsys):
     """Without --sigma-cdp: sqrt(2) x the CDP level sigma_ldp/sqrt(16) on the ring (eavesdropper),
     where sigma_ldp = C sqrt(2/eps_iter) with eps_iter from (ACC-2)."""
-    import math
-
     out = run_json(
         capsys,
         ["calibrate", "decor", "--graph", "ring:16", "--epsilon", "5", "--delta", "1e-5"]
-        + ["--steps", "1000", "--json"],
+        + ["--steps", "1000", "--conversion", "classic", "--json"],
     )
     log = math.log(1e5)
     eps_iter = (math.sqrt(log + 5.0) - math.sqrt(log)) ** 2 / 1000
@@ -370,7 +384,7 @@ def test_dpsgd_commands_label_their_epsilon_with_the_threat_model_asked(capsys):
     )
     assert server["noise_multiplier"] == ldp["noise_multiplier"]  # the label, not the arithmetic
     assert server["budget"]["threat_model"] == "server" and ldp["budget"]["threat_model"] == "ldp"
-    assert ldp["label"].endswith("rdp, ldp, example-level, add_remove")
+    assert ldp["label"].endswith("pld, ldp, example-level, add_remove")
     assert main([*cal, "--threat-model", "ldp"]) == 0  # the text table carries the label too
     text = capsys.readouterr().out
     assert "ldp, example-level, add_remove" in text and "label" in text

@@ -93,7 +93,7 @@ def test_run_and_report(tmp_path, capsys):
     rc = main(["report", str(out), "--out", str(tmp_path / "rep")])
     assert rc == 0
     text = (tmp_path / "rep" / "report.md").read_text()
-    assert "secrdp+classic" in text and "optimality_gap.png" in text
+    assert "secrdp+gaussian" in text and "optimality_gap.png" in text  # the exact default
     assert (tmp_path / "rep" / "optimality_gap.png").stat().st_size > 1000
 
 

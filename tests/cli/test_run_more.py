@@ -48,7 +48,7 @@ def test_nominal_sigma_is_printed_and_labelled(tmp_path, capsys):
     assert main(["run", "privsgp-vr", "--graph", "expo:4", "--epsilon", "2", *TINY,
                  "--out", str(out)]) == 0  # fmt: skip
     text = capsys.readouterr().out
-    assert "sigma (accounted, gaussian-rdp+classic)" in text
+    assert "sigma (accounted, gaussian)" in text  # exact: mu-GDP
     assert "sigma (nominal, NOMINAL, nominal:privsgp-thm2)" in text
     cfg = json.loads((out / "config.json").read_text())
     cal = json.loads((out / "calibration.json").read_text())

@@ -157,13 +157,20 @@ def test_the_sweeps_report_the_budget_they_were_given(tmp_path, shared_datasets)
     sens = (4 - 2 / j_b) * cfg["clip"] / cfg["block_size"]
     rho = sens**2 / (2 * run["sigma_certified"] ** 2)
     assert rho == pytest.approx(step_rdp_for_epsilon(2.0, steps=run["K"], delta=1e-3), rel=1e-8)
+    # (step_rdp_for_epsilon's default is the exact conversion, the runs' default accountant)
     assert run["sigma_certified"] > run["sigma_poisson_approximation"] > run["sigma"]
-    # and what the run's own (nominal) sigma certifies: K Gaussian steps composed, classic
-    # conversion, closed form over continuous orders: K rho + 2 sqrt(K rho log(1/delta))
+    # and what the run's own (nominal) sigma certifies: K Gaussian steps, exactly mu-GDP with
+    # mu = sqrt(2 K rho): Balle and Wang's delta(eps) meets 1e-3 at the recorded epsilon, which
+    # is below the classic conversion's closed form K rho + 2 sqrt(K rho log(1/delta))
+    from scipy.stats import norm
+
     spent = run["accounted"]
     k_rho = run["K"] * sens**2 / (2 * run["sigma"] ** 2)
     closed = k_rho + 2 * math.sqrt(k_rho * math.log(1 / 1e-3))
-    assert closed * (1 - 1e-9) <= spent["epsilon"] <= closed * 1.01 and spent["epsilon"] > 2.0
+    mu, e = math.sqrt(2 * k_rho), spent["epsilon"]
+    exact_delta = norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2))
+    assert exact_delta <= 1e-3 and math.isclose(exact_delta, 1e-3, rel_tol=1e-4)
+    assert 2.0 < spent["epsilon"] < closed and spent["mu"] == pytest.approx(mu)
     assert (spent["delta"], spent["nominal"], spent["unit"]) == (1e-3, False, "example")
     assert spent["neighbouring"] == "replace_one" and spent["threat_model"] == "ldp"
     assert f"{spent['epsilon']:.4g}" in report and "eps accounted (run's sigma)" in report

@@ -32,6 +32,9 @@ class PrivacyBudget:
             ``"central"`` or ``"server"``.
         nominal: True when the number is a paper's formula rather than an accounted bound.
         notes: free text (sampling scheme, hazards).
+        mu: where the mechanism composes to a Gaussian mechanism, its mu-GDP parameter (Dong,
+            Roth and Su 2019): its whole trade-off curve is ``beta(alpha) = Phi(Phi^-1(1 - alpha)
+            - mu)`` and the epsilon above is exact for it; None otherwise.
     """
 
     epsilon: float
@@ -42,6 +45,7 @@ class PrivacyBudget:
     threat_model: str
     nominal: bool = False
     notes: str = ""
+    mu: float | None = None
 
     def __post_init__(self) -> None:
         if not (0.0 < self.delta < 1.0):

@@ -21,7 +21,12 @@ from typing import Any
 import networkx as nx
 
 from privdl.accounting.budget import PrivacyBudget
-from privdl.accounting.conversion import compose_convert, step_rdp_for_epsilon
+from privdl.accounting.conversion import (
+    DEFAULT_CONVERSION,
+    compose_convert,
+    gaussian_mu,
+    step_rdp_for_epsilon,
+)
 from privdl.accounting.secrdp import (
     MAX_SUBSETS,
     Adversary,
@@ -61,6 +66,7 @@ class DecorCalibration:
             unit="user",
             threat_model=self.adversary,
             notes="user-level, sensitivity 2C per step",
+            mu=gaussian_mu(self.steps * self.step_rdp) if self.conversion == "gaussian" else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,7 +82,7 @@ def sigma_cdp_range(
     steps: int,
     clip: float = 1.0,
     adversary: str | int | Adversary = "eavesdropper",
-    conversion: str = "classic",
+    conversion: str = DEFAULT_CONVERSION,
     max_subsets: int = MAX_SUBSETS,
     force: bool = False,
 ) -> tuple[float, float]:
@@ -105,7 +111,7 @@ def calibrate_sigma_cor(
     sigma_cdp: float | None = None,
     clip: float = 1.0,
     adversary: str = "eavesdropper",
-    conversion: str = "classic",
+    conversion: str = DEFAULT_CONVERSION,
     rtol: float = 1e-6,
     max_subsets: int = MAX_SUBSETS,
     force: bool = False,

@@ -5,17 +5,18 @@ adaptive steps compose to alpha * T * rho (Lemma 10). Three conversions are offe
 
 * ``classic`` -- Mironov 2017, Lemma 11: eps = min_alpha [alpha rho_T + log(1/delta)/(alpha-1)],
   minimised in closed form (DECOR App. C, (ACC-1)): eps = rho_T + 2 sqrt(rho_T log(1/delta)).
-  This is what the DECOR paper and code use; the default for reproduction.
+  This is what the DECOR paper and code use (``conversion="classic"`` reproduces their numbers).
 * ``improved`` -- Canonne, Kamath, Steinke 2020 (Prop. 12; also Asoodeh et al.):
   eps = min_{alpha > 1} alpha rho_T + log((alpha-1)/alpha) - (log delta + log alpha)/(alpha-1),
   minimised numerically over real alpha.
 * ``gaussian`` -- exact. A composition of Gaussian mechanisms with slopes rho_t is exactly
   mu-GDP with mu = sqrt(2 sum_t rho_t) (Dong, Roth, Su 2019), whose tight (eps, delta) curve is
   delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Balle and Wang 2018). This is the
-  tightest possible conversion and is the reference for the other two.
+  tightest possible conversion and is the reference for the other two; privdl's default
+  (:data:`DEFAULT_CONVERSION`), where the DECOR paper and code use ``classic``.
 
-:func:`cap_by_unsampled` caps a subsampled accountant's epsilon by the ``classic`` conversion of
-the T-fold unsampled mechanism (example-level accounting: subsampling never hurts).
+:func:`cap_by_unsampled` caps a subsampled accountant's epsilon by the exact epsilon of the T-fold
+unsampled mechanism (example-level accounting: subsampling never hurts).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from scipy import optimize, special
 from privdl.errors import PrivacyError
 
 CONVERSIONS = ("classic", "improved", "gaussian")
+#: privdl's default: the exact conversion (a composition of Gaussian mechanisms is a Gaussian).
+DEFAULT_CONVERSION = "gaussian"
 
 
 def check_delta(delta: float) -> None:
@@ -87,9 +90,15 @@ def gaussian_delta(mu: float, epsilon: float) -> float:
     if mu == 0:
         return 0.0
     a = special.ndtr(-epsilon / mu + mu / 2.0)
-    # e^eps Phi(-eps/mu - mu/2) computed in log space to avoid overflow
+    # e^eps Phi(-eps/mu - mu/2) computed in log space to avoid overflow; it is at most
+    # Phi(-eps/mu + mu/2) <= 1, which rounding of huge eps and mu can break (then 1 is used)
     log_b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
-    return float(a - math.exp(log_b))
+    return float(a - math.exp(min(log_b, 0.0)))
+
+
+#: Above this mu the exact conversion returns the classic bound: eps ~ mu^2/2 there, whose
+#: rounding swamps delta(eps), and classic exceeds the exact eps by a relative ~1/mu only.
+GAUSSIAN_MU_MAX = 1e6
 
 
 def gaussian_epsilon(rho: float, delta: float) -> float:
@@ -108,6 +117,8 @@ def gaussian_epsilon(rho: float, delta: float) -> float:
     if gaussian_delta(mu, 0.0) <= delta:
         return 0.0
     classic = classic_epsilon(rho, delta)
+    if mu > GAUSSIAN_MU_MAX:  # delta(eps) is a difference of terms float64 cannot resolve there
+        return float(classic)
     hi = max(1.0, classic)
     while gaussian_delta(mu, hi) > delta:  # pragma: no cover - classic is always an upper bound
         hi *= 2.0
@@ -146,7 +157,7 @@ def gaussian_epsilon(rho: float, delta: float) -> float:
 
 
 def compose_convert(
-    step_rdp: float, *, steps: int, delta: float, conversion: str = "classic"
+    step_rdp: float, *, steps: int, delta: float, conversion: str = DEFAULT_CONVERSION
 ) -> float:
     """T-fold composition of a per-step slope and conversion to epsilon at ``delta``."""
     if not (isinstance(steps, (int, np.integer)) and steps >= 1):
@@ -162,27 +173,39 @@ def compose_convert(
 
 
 #: What an example-level record's notes add when :func:`cap_by_unsampled` decided its epsilon.
-UNSAMPLED_CAP_NOTE = "; capped by the unsampled mechanism's classic conversion (tighter here)"
+UNSAMPLED_CAP_NOTE = "; capped by the unsampled mechanism's exact Gaussian epsilon (tighter here)"
+#: The same with privdl 0.1's classic-conversion cap (``accountant="rdp"`` runs).
+UNSAMPLED_CAP_CLASSIC_NOTE = (
+    "; capped by the unsampled mechanism's classic conversion (tighter here)"
+)
+
+
+def gaussian_mu(rho: float) -> float:
+    """mu of the mu-GDP mechanism with total RDP slope ``rho`` (a Gaussian: mu = sqrt(2 rho))."""
+    return math.sqrt(2.0 * rho)
 
 
 def cap_by_unsampled(
-    epsilon: float, step_rdp: float, *, steps: int, delta: float
+    epsilon: float, step_rdp: float, *, steps: int, delta: float, conversion: str = "gaussian"
 ) -> tuple[float, bool]:
     """``min(epsilon, eps_unsampled)`` and whether the cap binds, for example-level accounting.
 
-    Subsampling never hurts: the sampled step is a mixture of unsampled steps on batches that
-    differ in at most one example (per-step sensitivity 2C/b, slope ``step_rdp``), and Renyi
-    divergence is jointly quasi-convex, so the T-fold unsampled mechanism's (eps, delta)
-    (Mironov 2017, Prop. 1 + Prop. 3, at the optimal continuous order) holds as well. At tiny
+    Subsampling never hurts: the sampled step is a mixture, with the same weights under both
+    neighbouring datasets, of unsampled steps on batches that differ in at most one example
+    (per-step sensitivity 2C/b, slope ``step_rdp``), each of them mu_1-GDP with
+    mu_1 = sqrt(2 step_rdp). The hockey-stick divergence is jointly convex, so the mixture
+    satisfies every (eps, delta(eps)) of G_mu_1 as well, i.e. it is mu_1-GDP; T adaptive steps are
+    sqrt(T) mu_1-GDP (Dong, Roth and Su 2019, Cor. 2), whose exact (eps, delta) holds. At tiny
     noise that bound is the tighter one: a subsampled accountant's finite order grid cannot
     reach the optimal order near 1 (example-level epsilon would exceed user-level at b = 1).
+    ``conversion="classic"`` is the looser cap of privdl 0.1 (Mironov 2017, Prop. 1 + 3).
     """
-    unsampled = compose_convert(step_rdp, steps=int(steps), delta=delta, conversion="classic")
+    unsampled = compose_convert(step_rdp, steps=int(steps), delta=delta, conversion=conversion)
     return (unsampled, True) if unsampled < epsilon else (epsilon, False)
 
 
 def step_rdp_for_epsilon(
-    epsilon: float, *, steps: int, delta: float, conversion: str = "classic"
+    epsilon: float, *, steps: int, delta: float, conversion: str = DEFAULT_CONVERSION
 ) -> float:
     """Largest per-step slope whose T-fold composition converts to at most ``epsilon``."""
     if epsilon <= 0:
@@ -192,7 +215,7 @@ def step_rdp_for_epsilon(
         return compose_convert(r, steps=1, delta=delta, conversion=conversion) - epsilon
 
     rho = classic_rho_for_epsilon(epsilon, delta)
-    if conversion != "classic":
+    if conversion != "classic" and rho > 0.0:  # rho underflows to 0 for epsilon ~ 1e-160
         hi = rho
         while f(hi) < 0:
             hi *= 2.0

@@ -1,12 +1,16 @@
 """End-to-end DECOR accounting: SecRDP step (Alg 2/3) -> T-fold composition -> (eps, delta).
 
-User level (no sampling): the composed curve is alpha * T * eps_step and is converted with
-``classic`` (Lemma 11, the paper's choice), ``improved`` or the exact ``gaussian`` conversion.
+User level (no sampling): the composed curve is alpha * T * eps_step, the RDP curve of a Gaussian
+mechanism with mu = sqrt(2 T eps_step) (the whitened step is a 1-D Gaussian shift), converted by
+default with the exact ``gaussian`` conversion (mu-GDP, recorded as ``mu``); ``classic`` (Lemma 11,
+the paper's and its code's choice) and ``improved`` stay selectable.
 
 Example level (``sampling_rate`` < 1, spec s.4.7): Alg 2/3 runs with C replaced by C/b, the step is
 reduced to its equivalent Gaussian (noise multiplier 1/sqrt(2 eps_step), replace-one) and a
 standard subsampled-Gaussian accountant composes it:
 
+* ``tightest`` (default): the smallest certified of dp-accounting's PLD and RDP
+  (:mod:`privdl.accounting.tightest`; PLD where dp-accounting has it: Poisson sampling);
 * ``rdp`` / ``pld``: dp-accounting, for (fixed_size, replace_one), (poisson, add_remove) or
   (poisson, replace_one; pld only);
 * ``classic``: our Wang et al. (2019) bound for fixed-size sampling, composed over T and converted
@@ -27,13 +31,15 @@ import numpy as np
 from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.conversion import (
     CONVERSIONS,
+    DEFAULT_CONVERSION,
     UNSAMPLED_CAP_NOTE,
     cap_by_unsampled,
     check_delta,
     compose_convert,
+    gaussian_mu,
 )
-from privdl.accounting.dpsgd import classic_from_curve, event_epsilon, wang_fixed_size_rdp
 from privdl.accounting.events import DecorStepEvent
+from privdl.accounting.rdp_pld import classic_from_curve, wang_fixed_size_rdp
 from privdl.accounting.secrdp import (
     MAX_SUBSETS,
     SecRdpStep,
@@ -41,9 +47,10 @@ from privdl.accounting.secrdp import (
     parse_adversary,
     theorem_bound,
 )
+from privdl.accounting.tightest import TIGHTEST, account_event
 from privdl.errors import PrivacyError
 
-SAMPLED_CONVERSIONS = ("rdp", "pld", "classic", "legacy-uncomposed")
+SAMPLED_CONVERSIONS = ("tightest", "rdp", "pld", "classic", "legacy-uncomposed")
 LEGACY_ORDERS = np.arange(2, 257)
 
 
@@ -110,8 +117,8 @@ def account_decor(
         steps: number of iterations T.
         delta: target delta in (0, 1).
         adversary: eavesdropper | curious | collusion:Q | ldp.
-        conversion: user level: classic (default) | improved | gaussian; example level:
-            rdp (default) | pld | classic | legacy-uncomposed.
+        conversion: user level: gaussian (default, exact) | classic | improved; example level:
+            tightest (default) | rdp | pld | classic | legacy-uncomposed.
         sampling_rate, batch_size: example level; the per-step sensitivity becomes 2C/b.
         sampling: fixed_size (uniform without replacement) or poisson.
         neighbouring: replace_one (the paper's) or add_remove (example level only).
@@ -157,17 +164,22 @@ def account_decor(
         )
     z = 1.0 / math.sqrt(2.0 * step.step_rdp)
     nominal, notes, sampling_info = False, "", {}
+    mu: float | None = None
+    accountant = ""
     if not example_level:
-        conversion = conversion or "classic"
+        conversion = conversion or DEFAULT_CONVERSION
         if conversion not in CONVERSIONS:
             raise PrivacyError(f"user-level conversion must be one of {CONVERSIONS}")
         eps = compose_convert(step.step_rdp, steps=int(steps), delta=delta, conversion=conversion)
         unit = "user"
         notes = "user-level, sensitivity 2C per step"
+        if conversion == "gaussian":
+            mu = gaussian_mu(steps * step.step_rdp)
+            notes += f"; exact: mu-GDP, mu = {mu:.6g}"
     else:
         # example level: both were checked above (sampling rate in (0, 1], batch size >= 1)
         sampling_rate, batch_size = cast(float, sampling_rate), cast(int, batch_size)
-        conversion = conversion or "rdp"
+        conversion = conversion or TIGHTEST
         if conversion not in SAMPLED_CONVERSIONS:
             raise PrivacyError(f"example-level conversion must be one of {SAMPLED_CONVERSIONS}")
         dataset_size = max(batch_size, round(batch_size / sampling_rate))
@@ -189,16 +201,20 @@ def account_decor(
             "neighbouring": neighbouring,
         }
         unit = "example"
-        if conversion in ("rdp", "pld"):
-            eps = event_epsilon(event.as_gaussian(neighbouring), delta=delta, accountant=conversion)
+        if conversion in ("tightest", "rdp", "pld"):
+            got = account_event(event.as_gaussian(neighbouring), delta=delta, accountant=conversion)
+            eps, accountant, mu = got.epsilon, got.accountant, got.mu
             z = event.noise_multiplier(neighbouring)
             notes = (
                 f"equivalent Gaussian, full batch (q=1: no subsampling), {neighbouring}"
                 if event.sampling_rate >= 1.0
                 else f"equivalent subsampled Gaussian, {sampling} sampling, {neighbouring}"
-            )
+            ) + (f"; {got.notes}" if conversion == TIGHTEST else "")
             eps, capped = cap_by_unsampled(eps, step.step_rdp, steps=int(steps), delta=delta)
-            notes += UNSAMPLED_CAP_NOTE if capped else ""
+            if capped:
+                notes += UNSAMPLED_CAP_NOTE
+                accountant = "gaussian-unsampled-cap"
+                mu = gaussian_mu(steps * step.step_rdp)  # the cap is this mu-GDP's exact epsilon
         else:
             if sampling != "fixed_size" or neighbouring != "replace_one":
                 raise PrivacyError(
@@ -230,12 +246,13 @@ def account_decor(
     budget = PrivacyBudget(
         epsilon=eps,
         delta=delta,
-        accountant=f"secrdp+{conversion}",
+        accountant=f"secrdp+{accountant or conversion}",
         neighbouring=neighbouring,
         unit=unit,
         threat_model=adv.label,
         nominal=nominal,
         notes=notes,
+        mu=mu,
     )
     return DecorAccount(
         budget=budget,

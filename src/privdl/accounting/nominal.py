@@ -27,6 +27,7 @@ from privdl.accounting.conversion import (
     cap_by_unsampled,
     check_delta,
     compose_convert,
+    gaussian_mu,
     step_rdp_for_epsilon,
 )
 from privdl.accounting.dpsgd import calibrate_noise_multiplier, dpsgd_budget
@@ -157,18 +158,31 @@ def privsgp_vr_sensitivity(clip: float, *, entries: int, block_size: int = 1) ->
 
 
 def privsgp_vr_budget(
-    *, sigma: float, clip: float, entries: int, steps: int, delta: float, block_size: int = 1
+    *,
+    sigma: float,
+    clip: float,
+    entries: int,
+    steps: int,
+    delta: float,
+    block_size: int = 1,
+    conversion: str = "gaussian",
 ) -> PrivacyBudget:
     """What ``privdl run privsgp-vr`` certifies after ``steps`` steps at noise ``sigma``: K
-    Gaussian steps of sensitivity :func:`privsgp_vr_sensitivity`, no subsampling amplification,
-    classic RDP conversion (replace-one, example level, threat model ldp)."""
+    Gaussian steps of sensitivity :func:`privsgp_vr_sensitivity`, no subsampling amplification:
+    exactly a Gaussian mechanism, mu-GDP with mu = sqrt(K) sens / sigma, converted exactly
+    (replace-one, example level, threat model ldp); ``conversion="classic"`` is privdl 0.1's."""
     sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
     rho = sens * sens / (2.0 * sigma * sigma)
-    eps = 0.0 if steps == 0 else compose_convert(rho, steps=int(steps), delta=delta)
+    eps = (
+        0.0
+        if steps == 0
+        else compose_convert(rho, steps=int(steps), delta=delta, conversion=conversion)
+    )
     return PrivacyBudget(
         epsilon=eps,
         delta=delta,
-        accountant="gaussian-rdp+classic",
+        mu=gaussian_mu(rho * steps),
+        accountant="gaussian" if conversion == "gaussian" else f"gaussian-rdp+{conversion}",
         neighbouring="replace_one",
         unit="example",
         threat_model="ldp",
@@ -188,17 +202,19 @@ def privsgp_accounted_sigma(
     epsilon: float,
     block_size: int = 1,
     variance_reduction: bool = True,
+    accountant: str = "tightest",
 ) -> float:
     """The sigma ``privdl run privsgp(-vr)`` calibrates for ``epsilon`` (replace-one, example level,
     threat model ldp; what its records account).
 
     PrivSGP-VR: no amplification (the SAGA mean depends on every sample), K Gaussian steps of
-    sensitivity :func:`privsgp_vr_sensitivity`, classic RDP conversion. PrivSGP: one entry of J
+    sensitivity :func:`privsgp_vr_sensitivity`, exact Gaussian conversion. PrivSGP: one entry of J
     drawn without replacement per step, sensitivity ``2C/B``, subsampled RDP (Wang et al. 2019).
     """
     if variance_reduction:
         sens = privsgp_vr_sensitivity(clip, entries=entries, block_size=block_size)
-        rho = step_rdp_for_epsilon(epsilon, steps=int(steps), delta=delta)
+        conversion = "gaussian" if accountant == "tightest" else "classic"
+        rho = step_rdp_for_epsilon(epsilon, steps=int(steps), delta=delta, conversion=conversion)
         return sens / math.sqrt(2.0 * rho) * (1 + 1e-9)
     one = one_of_m_sigma(
         bound=clip / block_size, m=entries, steps=steps, delta=delta, epsilon=epsilon

@@ -496,8 +496,8 @@ def noise_plan(
             sens = privsgp_vr_sensitivity(gradient_bound, entries=local_samples)
             rate = 1.0  # every step touches every sample: no amplification
             notes = (
-                "RDP of K Gaussian steps, no amplification, replace-one sensitivity (4-2/J)G, "
-                "classic conversion: what privdl run privsgp-vr certifies"
+                "K Gaussian steps (mu-GDP), no amplification, replace-one sensitivity (4-2/J)G, "
+                "exact conversion: what privdl run privsgp-vr certifies"
             )
         else:
             sens = 2.0 * gradient_bound
@@ -519,8 +519,8 @@ def noise_plan(
         for e, d in zip(eps, dels, strict=True):
             if (e, d) not in cache:
                 cache[(e, d)] = calibrate_nodes(
-                    epsilons=[e], deltas=d, sampling_rates=rate, steps=int(steps)
-                )[0]
+                    epsilons=[e], deltas=d, sampling_rates=rate, steps=int(steps), accountant="rdp"
+                )[0]  # the approximation as the paper-style reading defines it: RDP
         sig = [cache[(e, d)] * sens for e, d in zip(eps, dels, strict=True)]
         notes = "RDP accountant (dp-accounting), Poisson rate 1/J, add/remove: not certified"
     zs = [s / sens for s in sig]

@@ -24,6 +24,10 @@ from privdl.accounting import (
     robust_hdp_plan,
 )
 from privdl.accounting.budget import PrivacyBudget
+from privdl.accounting.compare import compare_decor, compare_event, decor_curves, privacy_curves
+from privdl.accounting.events import SubsampledGaussianEvent
+from privdl.accounting.tightest import EVENT_ACCOUNTANTS
+from privdl.cli.account_compare import check_curve_out, compare_options, finish
 from privdl.errors import PrivacyError
 from privdl.topology import parse_graph
 
@@ -46,6 +50,37 @@ _THREAT_MODEL = click.option(
 )
 
 
+#: DP-SGD's sampling scheme, neighbouring relation and records per node (account, calibrate).
+_SAMPLING = click.option(
+    "--sampling",
+    type=click.Choice(["poisson", "fixed_size", "none"]),
+    default="poisson",
+    show_default=True,
+)
+_NEIGHBOURING = click.option(
+    "--neighbouring",
+    type=click.Choice(["add_remove", "replace_one"]),
+    default="add_remove",
+    show_default=True,
+)
+_DATASET_SIZE = click.option(
+    "--dataset-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Needed for fixed_size sampling.",
+)
+
+
+_ACCOUNTANT = click.option(
+    "--accountant",
+    type=click.Choice(list(EVENT_ACCOUNTANTS)),
+    default="tightest",
+    show_default=True,
+    help="tightest: the smallest certified epsilon (exact Gaussian when unsampled, else the "
+    "smaller of dp-accounting's PLD and RDP); gaussian, pld or rdp: that accountant alone.",
+)
+
+
 def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
     if as_json:
         click.echo(json.dumps(obj, default=_json_default, allow_nan=True))
@@ -60,7 +95,7 @@ def _emit(obj: dict[str, Any], as_json: bool, title: str) -> None:
         cast("dict[str, Any]", obj.get("budget")) if isinstance(obj.get("budget"), dict) else {}
     )
     for key, value in obj.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) or (key == "mu" and value is None):
             continue
         if isinstance(value, float):
             value = f"{value:.6g}"
@@ -125,8 +160,8 @@ def account() -> None:
 @click.option(
     "--conversion",
     default=None,
-    help="user level: classic (default) | improved | gaussian; example level: "
-    "rdp (default) | pld | classic | legacy-uncomposed",
+    help="user level: gaussian (default, exact) | classic | improved; example level: "
+    "tightest (default) | pld | rdp | classic | legacy-uncomposed",
 )
 @click.option("--sampling-rate", type=float, default=None, help="Example level: b/m.")
 @click.option("--batch-size", type=int, default=None, help="Example level: batch size b.")
@@ -145,6 +180,7 @@ def account() -> None:
 @click.option("--bound/--no-bound", default=False, help="Also report the Theorem 1/6 bound.")
 @click.option("--max-subsets", type=int, default=100_000, show_default=True)
 @click.option("--force", is_flag=True, help="Enumerate more colluding sets than --max-subsets.")
+@compare_options
 @click.option("--json", "as_json", is_flag=True)
 def account_decor_cmd(
     graph_spec: str,
@@ -162,36 +198,46 @@ def account_decor_cmd(
     bound: bool,
     max_subsets: int,
     force: bool,
+    compare: bool,
+    curve: bool,
+    curve_out: str | None,
     as_json: bool,
 ) -> None:
     """(eps, delta)-SecLDP of DECOR (Alg 2/3 + composition + conversion)."""
     _positive("--sigma-cdp", sigma_cdp)
     _positive("--sigma-cor", sigma_cor, allow_zero=True)
     _positive("--clip", clip)
+    check_curve_out(curve_out)
     graph = _graph(graph_spec)
-    result, warns = _run_with_warnings(
-        lambda: account_decor(
-            graph,
-            sigma_cdp=sigma_cdp,
-            sigma_cor=sigma_cor,
-            clip=clip,
-            steps=steps,
-            delta=delta,
-            adversary=adversary,
-            conversion=conversion,
-            sampling_rate=sampling_rate,
-            batch_size=batch_size,
-            sampling=sampling,
-            neighbouring=neighbouring,
-            with_bound=bound,
-            max_subsets=max_subsets,
-            force=force,
-        )
+    settings: dict[str, Any] = dict(
+        sigma_cdp=sigma_cdp,
+        sigma_cor=sigma_cor,
+        clip=clip,
+        steps=steps,
+        delta=delta,
+        adversary=adversary,
+        sampling_rate=sampling_rate,
+        batch_size=batch_size,
+        sampling=sampling,
+        neighbouring=neighbouring,
+        max_subsets=max_subsets,
+        force=force,
     )
+    result, warns = _run_with_warnings(
+        lambda: account_decor(graph, conversion=conversion, with_bound=bound, **settings)
+    )
+    rows = curves = None
+    if compare:  # its repeated step computations repeat the warnings above: not shown twice
+        rows, _ = _run_with_warnings(lambda: compare_decor(graph, **settings))
+    if curve or curve_out:
+        curves = decor_curves(result)
     out = {**result.to_dict(), "graph": graph_spec, "warnings": warns}
+    if result.budget.mu is not None:
+        out["mu"] = result.budget.mu
     for w in warns:
         click.echo(f"warning: {w}", err=True)
-    _emit(out, as_json, "DECOR privacy")
+    finish(out, as_json=as_json, emit=_emit, title="DECOR privacy", rows=rows, curves=curves,
+           curve_out=curve_out, show_curves=curve)  # fmt: skip
 
 
 @account.command("dpsgd")
@@ -205,26 +251,12 @@ def account_decor_cmd(
 @click.option("--sampling-rate", type=float, required=True)
 @click.option("--steps", type=click.IntRange(min=1), required=True)
 @click.option("--delta", type=float, required=True)
-@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
-@click.option(
-    "--sampling",
-    type=click.Choice(["poisson", "fixed_size", "none"]),
-    default="poisson",
-    show_default=True,
-)
-@click.option(
-    "--neighbouring",
-    type=click.Choice(["add_remove", "replace_one"]),
-    default="add_remove",
-    show_default=True,
-)
-@click.option(
-    "--dataset-size",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Needed for fixed_size sampling.",
-)
+@_ACCOUNTANT
+@_SAMPLING
+@_NEIGHBOURING
+@_DATASET_SIZE
 @_THREAT_MODEL
+@compare_options
 @click.option("--json", "as_json", is_flag=True)
 def account_dpsgd_cmd(
     noise_multiplier: float,
@@ -236,9 +268,14 @@ def account_dpsgd_cmd(
     neighbouring: str,
     dataset_size: int | None,
     threat_model: str,
+    compare: bool,
+    curve: bool,
+    curve_out: str | None,
     as_json: bool,
 ) -> None:
-    """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian (dp-accounting)."""
+    """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian, by default the tightest
+    certified accountant's (exact Gaussian, dp-accounting's PLD or RDP)."""
+    check_curve_out(curve_out)
     budget = dpsgd_budget(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
@@ -257,7 +294,18 @@ def account_dpsgd_cmd(
         "steps": steps,
         "label": budget.label(),
     }
-    _emit(out, as_json, "DP-SGD privacy")
+    event = SubsampledGaussianEvent(
+        noise_multiplier=noise_multiplier,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        sampling=sampling,
+        neighbouring=neighbouring,
+        dataset_size=dataset_size,
+    )
+    rows = compare_event(event, delta=delta) if compare else None
+    curves = privacy_curves(event) if (curve or curve_out) else None
+    finish(out, as_json=as_json, emit=_emit, title="DP-SGD privacy", rows=rows, curves=curves,
+           curve_out=curve_out, show_curves=curve)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- calibrate
@@ -282,8 +330,10 @@ def calibrate() -> None:
 @click.option(
     "--conversion",
     type=click.Choice(["classic", "improved", "gaussian"]),
-    default="classic",
+    default="gaussian",
     show_default=True,
+    help="gaussian: exact (mu-GDP); classic: Mironov's Lemma 11 (the DECOR paper's); improved: "
+    "Canonne-Kamath-Steinke.",
 )
 @click.option(
     "--rtol", type=click.FloatRange(min=0, max=0.5, min_open=True), default=1e-6, show_default=True
@@ -330,6 +380,8 @@ def calibrate_decor_cmd(
     if sigma_cdp is None and result.sigma_cdp >= result.sigma_cdp_max:
         rule += ", capped at the LDP level sigma_cdp_max"
     out = {**result.to_dict(), "sigma_cdp_rule": rule, "graph": graph_spec, "warnings": warns}
+    if result.budget.mu is not None:
+        out["mu"] = result.budget.mu
     for w in warns:
         click.echo(f"warning: {w}", err=True)
     _emit(out, as_json, "DECOR calibration")
@@ -340,7 +392,10 @@ def calibrate_decor_cmd(
 @click.option("--delta", type=float, required=True)
 @click.option("--sampling-rate", type=float, required=True)
 @click.option("--steps", type=click.IntRange(min=1), required=True)
-@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@_ACCOUNTANT
+@_SAMPLING
+@_NEIGHBOURING
+@_DATASET_SIZE
 @_THREAT_MODEL
 @click.option("--json", "as_json", is_flag=True)
 def calibrate_dpsgd_cmd(
@@ -349,31 +404,32 @@ def calibrate_dpsgd_cmd(
     sampling_rate: float,
     steps: int,
     accountant: str,
+    sampling: str,
+    neighbouring: str,
+    dataset_size: int | None,
     threat_model: str,
     as_json: bool,
 ) -> None:
-    """Smallest noise multiplier for a target epsilon (Poisson, add/remove)."""
-    z = calibrate_noise_multiplier(
-        target_epsilon=epsilon,
+    """Smallest noise multiplier for a target epsilon; the result is certified by the tightest
+    accountant (the label names the one that produced the achieved epsilon)."""
+    event: dict[str, Any] = dict(
         sampling_rate=sampling_rate,
         steps=steps,
         delta=delta,
-        accountant=accountant,
+        sampling=sampling,
+        neighbouring=neighbouring,
+        dataset_size=dataset_size,
     )
-    budget = dpsgd_budget(
-        noise_multiplier=z,
-        sampling_rate=sampling_rate,
-        steps=steps,
-        delta=delta,
-        accountant=accountant,
-        threat_model=threat_model,
-    )
+    z = calibrate_noise_multiplier(target_epsilon=epsilon, accountant=accountant, **event)
+    budget = dpsgd_budget(noise_multiplier=z, threat_model=threat_model, **event)
     out = {
         "noise_multiplier": z,
         "epsilon_target": epsilon,
         "epsilon_achieved": budget.epsilon,
         "delta": delta,
-        "accountant": accountant,
+        "calibrated_with": accountant,
+        "accountant": budget.accountant,
+        "mu": budget.mu,
         "label": budget.label(),
         "budget": budget.to_dict(),
     }

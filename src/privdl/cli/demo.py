@@ -18,7 +18,9 @@ from privdl.report import load_runs, markdown_table, write_report
 
 
 #: The four runs of the demo: (label, config changes).
-def demo_configs(*, steps: int, epsilon: float, graph: str = "ring:16") -> list[tuple[str, dict]]:
+def demo_configs(
+    *, steps: int, epsilon: float, graph: str = "ring:16", accountant: str = "tightest"
+) -> list[tuple[str, dict]]:
     base = dict(
         task="a9a",
         graph=graph,
@@ -32,7 +34,9 @@ def demo_configs(*, steps: int, epsilon: float, graph: str = "ring:16") -> list[
         data_seed=1,
         weight_decay=1e-5,
     )
-    private = dict(clip=0.1, clip_mode="batch_mean", epsilon=epsilon, delta=1e-5)
+    private = dict(
+        clip=0.1, clip_mode="batch_mean", epsilon=epsilon, delta=1e-5, accountant=accountant
+    )
     return [
         ("D-SGD (non-private)", {**base, "algorithm": "dsgd", "lr": 0.5}),
         ("CDP (trusted averaging, W=J)", {**base, **private, "algorithm": "cdp", "lr": 0.1}),
@@ -53,16 +57,20 @@ def run_demo(
     seeds: int = 1,
     progress=None,
     overwrite: bool = False,
+    accountant: str = "tightest",
 ) -> tuple[str, Path]:
     """Run the four configurations (each over ``seeds`` seeds) into ``out/<name>[/seed-K]`` and
     write ``out/report.md`` + plots; returns the table (mean ± std over seeds) and the report.
     An ``out`` that already holds a demo's records is refused unless ``overwrite`` (records are
-    never replaced silently)."""
+    never replaced silently). ``accountant="rdp"`` calibrates as privdl 0.1 did (RDP, classic
+    conversion), to see what the tightest default saves."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     out = Path(out)
     plan = []
-    for label, values in demo_configs(steps=steps, epsilon=epsilon, graph=graph):
+    for label, values in demo_configs(
+        steps=steps, epsilon=epsilon, graph=graph, accountant=accountant
+    ):
         for seed in range(1, seeds + 1):
             cfg = make_config({**values, "label": label, "seed": seed})
             d = out / cfg.algorithm if seeds == 1 else out / cfg.algorithm / f"seed-{seed}"

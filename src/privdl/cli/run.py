@@ -337,8 +337,23 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 )
 @click.option("--progress/--no-progress", default=None)
 @click.option("--overwrite", is_flag=True, help="Replace the records of an earlier demo in --out.")
+@click.option(
+    "--accountant",
+    type=click.Choice(["tightest", "rdp"]),
+    default="tightest",
+    show_default=True,
+    help="tightest: the exact Gaussian (mu-GDP) epsilon; rdp: privdl 0.1's RDP with the classic "
+    "conversion (more noise for the same epsilon), for comparison.",
+)
 def demo(
-    out: str, steps: int, epsilon: float, graph: str, seeds: int, progress, overwrite: bool
+    out: str,
+    steps: int,
+    epsilon: float,
+    graph: str,
+    seeds: int,
+    progress,
+    overwrite: bool,
+    accountant: str,
 ) -> None:
     """The main job: private vs non-private decentralized learning on a9a over ring:16."""
     # heavy: imported when the command runs (the report layer)
@@ -352,6 +367,7 @@ def demo(
         seeds=seeds,
         progress=progress,
         overwrite=overwrite,
+        accountant=accountant,
     )
     click.echo(table)
     click.echo(f"\nreport: {report}")

@@ -56,7 +56,10 @@ def _curve_plot(
 def fig2_values(p: dict[str, Any], sigma_cors) -> tuple[float, np.ndarray, float]:
     """(sigma_cdp, user-level eps at each sigma_cor, sigma_cor -> infinity limit) (App. D.1)."""
     g = parse_graph(p["graph"]).graph
-    rho = step_rdp_for_epsilon(p["target_epsilon"], steps=p["steps"], delta=p["delta"])
+    # the paper's figure: Alg 2 + (ACC-1), the classic conversion, as the paper computes it
+    rho = step_rdp_for_epsilon(
+        p["target_epsilon"], steps=p["steps"], delta=p["delta"], conversion="classic"
+    )
     sigma_cdp = p["sigma_cdp_fraction"] * p["clip"] * math.sqrt(2.0 / rho)
     eps = np.array(
         [
@@ -67,12 +70,17 @@ def fig2_values(p: dict[str, Any], sigma_cors) -> tuple[float, np.ndarray, float
                 clip=p["clip"],
                 steps=p["steps"],
                 delta=p["delta"],
+                conversion="classic",
             ).epsilon
             for c in sigma_cors
         ]
     )
     lim = cdp_limit_step_rdp(g, sigma_cdp=sigma_cdp, clip=p["clip"])
-    return sigma_cdp, eps, compose_convert(lim, steps=p["steps"], delta=p["delta"])
+    return (
+        sigma_cdp,
+        eps,
+        compose_convert(lim, steps=p["steps"], delta=p["delta"], conversion="classic"),
+    )
 
 
 def run_fig2(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:

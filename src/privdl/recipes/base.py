@@ -201,6 +201,16 @@ class Run:
     def calibration(self) -> dict[str, Any] | None:
         return self.recipe.calibration_record(self)
 
+    def accounted_record(self, delta: float) -> dict[str, Any]:
+        """The start of a calibration record: the target, its delta, and the calibrated sigma
+        with what the run's accountant certifies for it after all its steps."""
+        priv = (self.privacy(self.cfg.steps) if self.privacy is not None else None) or {}
+        return {
+            "target_epsilon": self.cfg.epsilon,
+            "delta": delta,
+            "accounted": {"sigma": self.cfg.sigma, **priv},
+        }
+
 
 def export_state(state: Any) -> dict[str, torch.Tensor]:
     """The algorithm state's node-leading tensors as one flat tree (``name`` or ``name/leaf``).

@@ -151,12 +151,7 @@ class PorterRecipe(DecentralizedRecipe):
         if cfg.epsilon is None or not self.noise:
             return None
         delta = target_delta(cfg)
-        priv = (run.privacy(cfg.steps) if run.privacy is not None else None) or {}
-        out: dict[str, Any] = {
-            "target_epsilon": cfg.epsilon,
-            "delta": delta,
-            "accounted": {"sigma": cfg.sigma, **priv},
-        }
+        out = run.accounted_record(delta)
         if getattr(task, "kind", "") != "supervised":
             return out  # full local gradients: Theorem 1's sampling formula does not apply
         m = int(task.data.counts.min())

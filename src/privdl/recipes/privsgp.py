@@ -19,19 +19,25 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from privdl.accounting.budget import PrivacyBudget
-from privdl.accounting.conversion import UNSAMPLED_CAP_NOTE, cap_by_unsampled
-from privdl.accounting.dpsgd import event_epsilon
+from privdl.accounting.conversion import (
+    UNSAMPLED_CAP_CLASSIC_NOTE,
+    UNSAMPLED_CAP_NOTE,
+    cap_by_unsampled,
+    gaussian_mu,
+)
 from privdl.accounting.events import DecorStepEvent
 from privdl.accounting.nominal import (
     privsgp_accounted_sigma,
     privsgp_vr_budget,
     privsgp_vr_sensitivity,
 )
+from privdl.accounting.rdp_pld import event_epsilon
+from privdl.accounting.tightest import tightest_epsilon
 from privdl.algorithms.base import StepSize
 from privdl.algorithms.privsgp import PrivSGP, noise_plan
 from privdl.config import CommonConfig
 from privdl.errors import ConfigError
-from privdl.privacy import target_delta, with_key_note
+from privdl.privacy import accountant_of, target_delta, user_conversion, with_key_note
 from privdl.recipes.base import Run
 from privdl.recipes.decentralized import DecentralizedConfig, DecentralizedRecipe
 
@@ -101,6 +107,7 @@ class PrivSGPRecipe(DecentralizedRecipe):
         sigma = privsgp_accounted_sigma(
             clip=float(cfg.clip), steps=cfg.steps, delta=delta, entries=j, epsilon=cfg.epsilon,
             block_size=b, variance_reduction=self.variance_reduction,
+            accountant=accountant_of(cfg),
         )  # fmt: skip
         return cfg.with_updates(sigma=sigma, delta=delta)
 
@@ -129,9 +136,11 @@ class PrivSGPRecipe(DecentralizedRecipe):
         j, b = privsgp_geometry(cfg, task)
         sigma = cfg.sigma
         if self.variance_reduction:
+            conversion = user_conversion(cfg)
             return lambda t: privsgp_vr_budget(
-                sigma=sigma, clip=float(cfg.clip), entries=j, block_size=b, steps=t, delta=delta
-            ).to_dict()
+                sigma=sigma, clip=float(cfg.clip), entries=j, block_size=b, steps=t, delta=delta,
+                conversion=conversion,
+            ).to_dict()  # fmt: skip
         sens = privsgp_sensitivity(cfg, task, variance_reduction=False)
         rho = sens * sens / (2.0 * sigma * sigma)  # replace-one RDP slope of one step
         notes = (
@@ -140,9 +149,26 @@ class PrivSGPRecipe(DecentralizedRecipe):
             else f"fixed_size sampling of 1 entry of J={j} (B={b}), step_rdp={rho:.6g}"
         )
 
+        tight = accountant_of(cfg) == "tightest"
+
         def at(t: int) -> dict[str, Any]:
+            accountant, mu, more = ("gaussian" if j == 1 else "tightest"), None, ""
+            if not tight:  # privdl 0.1's accounting and labels
+                accountant = "rdp" if j == 1 else "rdp-subsampled"
             if t == 0:
                 eps = 0.0
+            elif not tight:
+                ev = DecorStepEvent(
+                    step_rdp=rho, steps=t, threat_model="ldp", sampling_rate=1.0 / j,
+                    sampling="fixed_size", dataset_size=j,
+                )  # fmt: skip
+                eps = event_epsilon(ev.as_gaussian("replace_one"), delta=delta, accountant="rdp")
+                eps, capped = cap_by_unsampled(eps, rho, steps=t, delta=delta, conversion="classic")
+                more = UNSAMPLED_CAP_CLASSIC_NOTE if capped else ""
+                return PrivacyBudget(
+                    epsilon=eps, delta=delta, accountant=accountant, neighbouring="replace_one",
+                    unit="example", threat_model="ldp", notes=notes + more,
+                ).to_dict()  # fmt: skip
             else:
                 ev = DecorStepEvent(
                     step_rdp=rho,
@@ -152,20 +178,25 @@ class PrivSGPRecipe(DecentralizedRecipe):
                     sampling="fixed_size",
                     dataset_size=j,
                 )
-                eps = event_epsilon(ev.as_gaussian("replace_one"), delta=delta, accountant="rdp")
+                got = tightest_epsilon(ev.as_gaussian("replace_one"), delta=delta)
+                eps, accountant, mu, more = got.epsilon, got.accountant, got.mu, f"; {got.notes}"
             # one entry of J is a mixture of unsampled steps: never above t of those (as the
             # example-level records of the gossip and PORTER families)
             eps, capped = (
                 (eps, False) if t == 0 else cap_by_unsampled(eps, rho, steps=t, delta=delta)
             )
+            if capped:
+                accountant, mu = "gaussian-unsampled-cap", gaussian_mu(rho * t)
+                more += UNSAMPLED_CAP_NOTE
             return PrivacyBudget(
                 epsilon=eps,
                 delta=delta,
-                accountant="rdp" if j == 1 else "rdp-subsampled",
+                accountant=accountant,
                 neighbouring="replace_one",
                 unit="example",
                 threat_model="ldp",
-                notes=notes + (UNSAMPLED_CAP_NOTE if capped else ""),
+                notes=notes + more,
+                mu=mu,
             ).to_dict()
 
         return at
@@ -177,12 +208,7 @@ class PrivSGPRecipe(DecentralizedRecipe):
         if cfg.epsilon is None:
             return None
         delta = target_delta(cfg)
-        priv = (run.privacy(cfg.steps) if run.privacy is not None else None) or {}
-        out: dict[str, Any] = {
-            "target_epsilon": cfg.epsilon,
-            "delta": delta,
-            "accounted": {"sigma": cfg.sigma, **priv},
-        }
+        out = run.accounted_record(delta)
         j, _ = privsgp_geometry(cfg, task)
         vr = self.variance_reduction
         common = dict(
