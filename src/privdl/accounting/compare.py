@@ -33,6 +33,7 @@ from privdl.accounting.rdp_pld import (
     RDP_ORDERS,
     _relation,
     classic_from_curve,
+    pld_round_off_mass,
     poisson_rdp_curves,
 )
 from privdl.accounting.tightest import _pld_unavailable, exact_gaussian_epsilon, gaussian_mu
@@ -124,6 +125,8 @@ class _Pieces:
                 why = f"PLD failed ({type(exc).__name__}: {exc})"
         if why is not None:
             self.why["pld"] = why
+        # the FFT round-off allowance of event_epsilon (asked at delta - 4x the negative mass)
+        self.pld_mass = pld_round_off_mass(self.pld) if self.pld is not None else 0.0
         try:
             self.curves = _rdp_curves(event)
         except PrivacyError as exc:
@@ -133,8 +136,8 @@ class _Pieces:
 
     def epsilons(self, delta: float) -> dict[str, float]:
         out = {}
-        if self.pld is not None:
-            out["pld"] = float(self.pld.get_epsilon(delta))
+        if self.pld is not None and self.pld_mass <= 1e-3 * delta:
+            out["pld"] = float(self.pld.get_epsilon(delta - 4.0 * self.pld_mass))
         if self.curves:
             out["rdp"] = _rdp_epsilon(self.curves, delta)
         if self.cap_mu is not None:
@@ -142,7 +145,11 @@ class _Pieces:
         return out
 
     def curve(self, deltas: list[float]) -> dict[str, Any]:
-        best = [min(v.items(), key=lambda kv: kv[1]) for v in map(self.epsilons, deltas)]
+        # where no accountant certifies a delta (PLD's round-off too large, no RDP): inf
+        best = [
+            min(v.items(), key=lambda kv: kv[1]) if v else ("none", math.inf)
+            for v in map(self.epsilons, deltas)
+        ]
         return {"mu": None, "deltas": deltas, "epsilons": [e for _, e in best],
                 "accountants": [n for n, _ in best]}  # fmt: skip
 
@@ -159,7 +166,8 @@ class _Pieces:
         if self.pld is not None and math.isfinite(eps_max):
             grid = np.linspace(0.0, eps_max, 64)
             eps.extend(grid)
-            dels.extend(np.atleast_1d(self.pld._pld.get_delta_for_epsilon(grid)))
+            pld_deltas = np.atleast_1d(self.pld._pld.get_delta_for_epsilon(grid))
+            dels.extend(pld_deltas + 4.0 * self.pld_mass)
         betas = tradeoff_from_pairs(eps, dels, alphas)
         if self.cap_mu is not None:
             betas = np.maximum(betas, tradeoff_curve(self.cap_mu, alphas))
@@ -186,8 +194,15 @@ def compare_event(event: SubsampledGaussianEvent, *, delta: float) -> list[dict[
     pieces = _Pieces(event)
     got = pieces.epsilons(delta)
     na = {k: f"not applicable: {v}" for k, v in pieces.why.items()}
-    rows.append(_row("pld", got.get("pld"), delta, na.get("pld", "dp-accounting PLD, pessimistic "
-                     "discretisation")))  # fmt: skip
+    if pieces.pld is not None and "pld" not in got:
+        na["pld"] = (
+            f"not certified here: the PLD's FFT round-off ({pieces.pld_mass:.2g}) is not small "
+            f"against delta {delta:g}"
+        )
+    pld_note = "dp-accounting PLD, pessimistic discretisation"
+    if pieces.pld_mass > 0:
+        pld_note += f", asked at delta - 4 x its FFT round-off ({pieces.pld_mass:.2g})"
+    rows.append(_row("pld", got.get("pld"), delta, na.get("pld", pld_note)))
     rows.append(_row("rdp", got.get("rdp"), delta, na.get("rdp", "dp-accounting RDP, "
                      "Canonne-Kamath-Steinke conversion")))  # fmt: skip
     orders = np.asarray(RDP_ORDERS)
