@@ -553,3 +553,22 @@ def test_full_batch_example_level_run_is_labelled_unsampled(tmp_path):
     assert final["epsilon"] == pytest.approx(acc.get_epsilon(final["delta"]), rel=1e-9)
     assert final["accountant"] == "secrdp+rdp" and "full batch" in final["notes"]
     assert final["unit"] == "example" and final["neighbouring"] == "replace_one"
+
+
+def test_a_run_saved_before_the_accountant_choice_resumes_with_its_old_accounting(tmp_path):
+    """privdl 0.1 wrote no ``accountant`` into config.json and accounted with RDP + the classic
+    conversion; resuming such a run must not switch its records to the exact default midway."""
+    from privdl.registry import make_config as validate
+
+    values = {**LS, "algorithm": "ldp", "epsilon": 5.0, "delta": 1e-5, "accountant": "rdp"}
+    part = train(make_config(values), tmp_path / "r", progress=False, stop_after=30)
+    assert part == {"stopped_at": 30}
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    del saved["accountant"]  # as privdl 0.1 wrote it
+    (tmp_path / "r" / "config.json").write_text(json.dumps(saved))
+    assert validate(saved, saved=True).accountant == "rdp"
+    assert make_config({k: v for k, v in values.items() if k != "accountant"}).accountant == (
+        "tightest"
+    )  # a new run gets the default
+    final = resume(tmp_path / "r", progress=False)["final"]["privacy"]
+    assert final["accountant"] == "secrdp+classic" and final["epsilon"] <= 5.0
