@@ -63,13 +63,11 @@ def clopper_pearson_upper(errors: int, trials: int, alpha: float) -> float:
         raise PrivacyError(f"need 0 <= errors <= trials and trials >= 1, got {errors}/{trials}")
     if not 0 < alpha < 1:
         raise PrivacyError(f"alpha must lie in (0, 1), got {alpha}")
-    if errors == trials:
-        return 1.0
-    return float(special.betaincinv(errors + 1, trials - errors, 1.0 - alpha))
+    return float(_upper_limits(np.asarray(errors), trials, alpha))
 
 
 def _upper_limits(errors: np.ndarray, trials: int, alpha: float) -> np.ndarray:
-    """:func:`clopper_pearson_upper` for many error counts at once."""
+    """:func:`clopper_pearson_upper` for many error counts at once (unchecked)."""
     errors = np.asarray(errors)
     safe = np.minimum(errors, trials - 1)
     up = special.betaincinv(safe + 1.0, trials - safe, 1.0 - alpha)
@@ -81,6 +79,24 @@ def _check(confidence: float, delta: float) -> None:
         raise PrivacyError(f"confidence must lie in (0, 1), got {confidence}")
     if delta != 0:
         check_delta(delta)
+
+
+def _rate_limits(
+    false_positives: int,
+    negatives: int,
+    false_negatives: int,
+    positives: int,
+    delta: float,
+    confidence: float,
+) -> tuple[float, float]:
+    """Checked inputs; the Clopper-Pearson upper limits of FPR and FNR, each at level
+    (1 - confidence) / 2 (a union bound over the two)."""
+    _check(confidence, delta)
+    alpha = (1.0 - confidence) / 2.0
+    return (
+        clopper_pearson_upper(false_positives, negatives, alpha),
+        clopper_pearson_upper(false_negatives, positives, alpha),
+    )  # fmt: skip
 
 
 def _eps_from_rates(fpr: float, fnr: float, delta: float) -> float:
@@ -105,10 +121,9 @@ def epsilon_lower_bound(
     """Epsilon that a test with these outcomes certifies with probability ``confidence``
     (Clopper-Pearson limits on FPR = false_positives / negatives and FNR = false_negatives /
     positives, module docstring)."""
-    _check(confidence, delta)
-    alpha = (1.0 - confidence) / 2.0
-    fpr = clopper_pearson_upper(false_positives, negatives, alpha)
-    fnr = clopper_pearson_upper(false_negatives, positives, alpha)
+    fpr, fnr = _rate_limits(
+        false_positives, negatives, false_negatives, positives, delta, confidence
+    )
     return AuditBound(_eps_from_rates(fpr, fnr, delta), confidence, delta, "clopper-pearson",
                       fpr, fnr)  # fmt: skip
 
@@ -124,10 +139,9 @@ def gdp_epsilon_lower_bound(
 ) -> AuditBound:
     """Epsilon at ``delta`` of the smallest mu-GDP consistent with the test's outcomes (valid only
     for a mechanism that is mu-GDP for some mu: module docstring)."""
-    _check(confidence, delta)
-    alpha = (1.0 - confidence) / 2.0
-    fpr = clopper_pearson_upper(false_positives, negatives, alpha)
-    fnr = clopper_pearson_upper(false_negatives, positives, alpha)
+    fpr, fnr = _rate_limits(
+        false_positives, negatives, false_negatives, positives, delta, confidence
+    )
     mu = max(0.0, float(stats.norm.isf(fpr) - stats.norm.ppf(fnr))) if fpr < 1 and fnr < 1 else 0.0
     eps = 0.0 if mu == 0 or delta == 0 else gaussian_epsilon(mu * mu / 2.0, delta)
     if delta == 0:
