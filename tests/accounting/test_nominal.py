@@ -140,6 +140,7 @@ def test_porter_plan_accounts_as_the_run_does():
     assert plan.accounted.epsilon > 3 * plan.values["epsilon_add_remove_poisson"]
 
 
+@pytest.mark.slow  # 110 s of dp-accounting RDP over 4000 orders (the oracle)
 def test_porter_plan_is_capped_by_unsampled_steps_as_the_run_is():
     """At Theorem 1's noise for a nominal 0.1 (a9a, T = 100) one b = 1 of m step costs more by
     dp-accounting's without-replacement bound than T unsampled steps do; the run records the

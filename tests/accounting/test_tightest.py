@@ -552,6 +552,7 @@ def check_calibration(target: float, steps: int) -> dict[str, float]:
     return {"z": z, "z_bisect": z_bisect, "z_prv": z_prv}
 
 
+@pytest.mark.slow  # 23 s; the 14063-step case below stays in the default suite
 def test_calibration_opacus_setting_235_steps_epsilon_3():
     check_calibration(3.0, 235)
 
