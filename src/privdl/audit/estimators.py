@@ -169,13 +169,39 @@ def epsilon_lower_bound_from_scores(
     out, inn = np.asarray(scores_out, dtype=float), np.asarray(scores_in, dtype=float)
     if out.ndim != 1 or inn.ndim != 1 or min(out.size, inn.size) < 4:
         raise PrivacyError("need at least 4 trials with and 4 without the canary (1-D scores)")
-    if method not in ("clopper-pearson", "gdp"):
-        raise PrivacyError(f"method must be clopper-pearson or gdp, got {method!r}")
-    bound = epsilon_lower_bound if method == "clopper-pearson" else gdp_epsilon_lower_bound
     rng = rng if rng is not None else np.random.default_rng(0)
     out, inn = rng.permutation(out), rng.permutation(inn)
-    fit_out, test_out = out[: out.size // 2], out[out.size // 2 :]
-    fit_in, test_in = inn[: inn.size // 2], inn[inn.size // 2 :]
+    return epsilon_lower_bound_heldout(
+        out[: out.size // 2],
+        inn[: inn.size // 2],
+        out[out.size // 2 :],
+        inn[inn.size // 2 :],
+        delta=delta,
+        confidence=confidence,
+        method=method,
+    )
+
+
+def epsilon_lower_bound_heldout(
+    fit_out: np.ndarray,
+    fit_in: np.ndarray,
+    test_out: np.ndarray,
+    test_in: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    method: str = "clopper-pearson",
+) -> AuditBound:
+    """The threshold that maximises the bound on the ``fit`` scores, the bound it gives on the
+    independent ``test`` scores (without / with the canary; larger means "present")."""
+    arrays = [np.asarray(a, dtype=float) for a in (fit_out, fit_in, test_out, test_in)]
+    if any(a.ndim != 1 or a.size < 2 for a in arrays):
+        raise PrivacyError("need at least 2 fit and 2 test trials with and without the canary")
+    if method not in ("clopper-pearson", "gdp"):
+        raise PrivacyError(f"method must be clopper-pearson or gdp, got {method!r}")
+    _check(confidence, delta)
+    fit_out, fit_in, test_out, test_in = arrays
+    bound = epsilon_lower_bound if method == "clopper-pearson" else gdp_epsilon_lower_bound
     candidates = np.unique(np.concatenate([fit_out, fit_in]))
     # every candidate threshold at once (sorted counts, vectorised limits): no loop over trials
     fp = fit_out.size - np.searchsorted(np.sort(fit_out), candidates, side="left")
@@ -199,3 +225,16 @@ def epsilon_lower_bound_from_scores(
                 positives=test_in.size, delta=delta, confidence=confidence)  # fmt: skip
     return AuditBound(got.epsilon_lower, got.confidence, got.delta, got.method, got.fpr_upper,
                       got.fnr_upper, got.mu_lower, best_t)  # fmt: skip
+
+
+def empirical_tradeoff(
+    scores_out: np.ndarray, scores_in: np.ndarray, *, points: int = 41
+) -> list[tuple[float, float]]:
+    """Observed (FPR, FNR) of the tests "present iff score >= t" at ``points`` thresholds spread
+    over the scores' quantiles (what a trade-off plot draws against an accountant's f-DP curve)."""
+    out, inn = np.sort(np.asarray(scores_out, float)), np.sort(np.asarray(scores_in, float))
+    both = np.concatenate([out, inn])
+    ts = np.unique(np.quantile(both, np.linspace(0.0, 1.0, points)))
+    fpr = (out.size - np.searchsorted(out, ts, side="left")) / out.size
+    fnr = np.searchsorted(inn, ts, side="left") / inn.size
+    return [(float(a), float(b)) for a, b in zip(fpr, fnr, strict=True)]

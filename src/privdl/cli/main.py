@@ -28,6 +28,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("privdl.cli.account", "account"),
     ("privdl.cli.account", "calibrate"),
     ("privdl.cli.account", "plan"),
+    ("privdl.cli.audit", "audit"),
     ("privdl.cli.reproduce", "reproduce"),
     ("privdl.cli.launch", "launch"),
 )

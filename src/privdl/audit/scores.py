@@ -1,0 +1,56 @@
+"""The distinguishing test of an audit: a linear score learned on held-out trials.
+
+An adversary who sees a view ``y`` (every message its threat model shows it, plus its own secrets)
+must decide whether the canary was ``-C`` or ``+C``. For a Gaussian view with the same covariance
+in both worlds the most powerful test (Neyman-Pearson) thresholds the linear score
+``(m_1 - m_0)^T S^-1 y`` (Fisher's discriminant). The audit does not take ``S`` from the
+accountant's model of the mechanism: it estimates the means and the pooled covariance from trials
+of the implementation itself, so a mistake that correlates noise across steps or nodes, drops or
+shrinks it, shows up in ``S`` and the test exploits it. Fitted on one set of trials, the score is
+evaluated on others (:func:`privdl.audit.estimators.epsilon_lower_bound_heldout`), so whatever it
+learns, the lower bound stays valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from privdl.errors import PrivacyError
+
+__all__ = ["LinearTest", "fit_linear_test"]
+
+#: Ridge added to the pooled covariance, relative to its mean diagonal (keeps the solve stable
+#: when a view has more features than the fit has trials, or features with no noise at all).
+RIDGE = 1e-9
+
+
+@dataclass(frozen=True)
+class LinearTest:
+    """``score(y) = direction . (y - centre)``: larger means "canary present" (``+C``)."""
+
+    direction: np.ndarray
+    centre: np.ndarray
+
+    def scores(self, views: np.ndarray) -> np.ndarray:
+        """The scores of trials ``views`` ``(trials, features)``."""
+        return (np.asarray(views, np.float64) - self.centre) @ self.direction
+
+
+def fit_linear_test(views: np.ndarray, present: np.ndarray) -> LinearTest:
+    """Fisher's discriminant of ``views`` ``(trials, features)`` labelled by ``present`` (bool):
+    class means and the pooled within-class covariance, estimated from these trials."""
+    x = np.asarray(views, np.float64)
+    lab = np.asarray(present, bool)
+    if x.ndim != 2 or lab.shape != (x.shape[0],):
+        raise PrivacyError("views must be (trials, features) with one label per trial")
+    if lab.sum() < 2 or (~lab).sum() < 2:
+        raise PrivacyError("need at least 2 fit trials with and 2 without the canary")
+    m1, m0 = x[lab].mean(axis=0), x[~lab].mean(axis=0)
+    centred = np.where(lab[:, None], x - m1, x - m0)
+    cov = centred.T @ centred / max(x.shape[0] - 2, 1)
+    scale = float(np.trace(cov)) / cov.shape[0]
+    ridge = RIDGE * (scale if scale > 0 else 1.0)
+    direction = np.linalg.solve(cov + ridge * np.eye(cov.shape[0]), m1 - m0)
+    return LinearTest(direction, 0.5 * (m0 + m1))

@@ -1,0 +1,60 @@
+"""Known implementation mistakes, switched on one at a time for the audit to catch (issue 31).
+
+Each context manager replaces one function of privdl's code path with a buggy copy, exactly where
+a real bug would sit (the names the algorithm and recipe modules look up at call time), and
+restores it on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from unittest import mock
+
+import torch
+
+import privdl.algorithms.decor as decor_module
+import privdl.recipes.gossip as gossip_recipe
+from privdl.mechanisms.correlated import correlated_noise, decor_noise, independent_noise
+
+
+@contextlib.contextmanager
+def reused_correlated_noise() -> Iterator[None]:
+    """The DECOR reference code's bug: the pairwise noise v_ij is drawn once and reused at every
+    step (the stream counter of the correlated part stays 0); the independent noise is fresh."""
+
+    def buggy(edge_keys, edges, n_nodes, node_keys, counter, size, *, sigma_cor, sigma_cdp,
+              nodes=None, prefetch=False, **kw):  # fmt: skip
+        cor = correlated_noise(edge_keys, edges, n_nodes, 0, size, sigma_cor=sigma_cor,
+                               nodes=nodes, **kw)  # fmt: skip
+        return cor + independent_noise(node_keys, counter, size, sigma=sigma_cdp, **kw)
+
+    with mock.patch.object(decor_module, "decor_noise", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def noise_scaled_per_node(factors: Sequence[float]) -> Iterator[None]:
+    """Node i's noise multiplied by ``factors[i]``: by its mixing weight W_ii (noise scaled by the
+    mixing weights instead of added in full before mixing), or by 0 (one node's noise dropped)."""
+    scale = torch.tensor(list(factors), dtype=torch.float64)
+
+    def buggy(*args, **kwargs):
+        out = decor_noise(*args, **kwargs)
+        return out * scale.to(out.dtype)[:, None]
+
+    with mock.patch.object(decor_module, "decor_noise", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def accountant_without_composition() -> Iterator[None]:
+    """The run's accountant reports one step's epsilon whatever the number of steps."""
+    spent = gossip_recipe.spent
+
+    def buggy(*args, **kwargs):
+        at = spent(*args, **kwargs)
+        return lambda t: at(min(t, 1))
+
+    with mock.patch.object(gossip_recipe, "spent", buggy):
+        yield

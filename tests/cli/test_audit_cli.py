@@ -1,0 +1,68 @@
+"""``privdl audit``: text, --json, --plot, and its exit codes (0 within the accounted epsilon,
+1 above it, 2 for bad input)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from privdl.cli.main import cli, main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "audit"))
+import planted_bugs  # noqa: E402
+
+ISSUE_EXAMPLE = ["audit", "decor", "--graph", "ring:8", "--epsilon", "4", "--delta", "1e-5",
+                 "--steps", "10", "--trials", "2000", "--threat-model", "eavesdropper"]  # fmt: skip
+
+
+def test_json_carries_both_bounds_with_labels():
+    out = CliRunner().invoke(cli, [*ISSUE_EXAMPLE, "--json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert got["trials"] == 2000 and got["confidence"] == 0.95
+    assert 0 <= got["epsilon_lower"] <= got["epsilon_accounted"] == pytest.approx(4.0, rel=1e-5)
+    assert got["accounted"]["accountant"] == "secrdp+gaussian"
+    assert got["accounted"]["threat_model"] == "eavesdropper"
+    assert got["within_accounted"] is True
+
+
+def test_text_and_plot(tmp_path):
+    png = tmp_path / "audit.png"
+    out = CliRunner().invoke(cli, [*ISSUE_EXAMPLE, "--plot", str(png)], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "accounted  epsilon 4" in out.output and "clopper-pearson" in out.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_seed_option_seeds_the_audit():
+    args = ["audit", "ldp", "--graph", "ring:4", "--epsilon", "2", "--steps", "3", "--trials",
+            "400", "--json"]  # fmt: skip
+    runs = [json.loads(CliRunner().invoke(cli, [*args, "--seed", s]).output) for s in "112"]
+    for r in runs:
+        r.pop("seconds")
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_exit_code_1_when_the_lower_bound_exceeds_the_claim(capsys):
+    with planted_bugs.accountant_without_composition(), pytest.raises(SystemExit) as exc:
+        main(["audit", "dpsgd", "--epsilon", "4", "--steps", "50", "--trials", "20000"])
+    assert exc.value.code == 1
+    assert "NO: the implementation exceeds its accountant" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "porter-dp", "--epsilon", "1"],
+        ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
+        ["audit", "decor", "--epsilon", "1", "--threat-model", "spy"],
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
