@@ -24,6 +24,7 @@ CORRECT = [
     ("ldp", None, "ring:8"),
     ("cdp", None, "ring:8"),
     ("dpsgd", None, None),
+    ("porter-dp", None, "ring:8"),
 ]
 
 
@@ -44,7 +45,8 @@ def test_correct_code_stays_under_the_accounted_epsilon(algorithm, threat, graph
     assert got.accounted["epsilon"] == pytest.approx(4.0, rel=1e-6)
     assert got.within_accounted, (got.epsilon_lower, got.epsilon_lower_gdp)
     assert got.accounted["unit"] == "user" and got.accounted["neighbouring"] == "replace_one"
-    assert got.threat_model == (threat or {"ldp": "ldp"}.get(algorithm, "central"))
+    expected = {"ldp": "ldp", "porter-dp": "ldp"}.get(algorithm, "central")
+    assert got.threat_model == (threat or expected)
     # the audit has power: it is not trivially 0 (it could exceed a wrong claim)
     assert got.epsilon_lower_gdp > (0.5 if threat != "curious" else 0.05) * got.epsilon_accounted
 
@@ -85,7 +87,7 @@ def test_reproducible_and_json_ready():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ({"algorithm": "porter-dp"}, "not audited yet"),
+        ({"algorithm": "privsgp-vr"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
         ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "user-level"),
         ({"algorithm": "ldp", "trials": 4}, "trials"),

@@ -33,6 +33,7 @@ AUDITED = {
     "ldp": "ldp",
     "cdp": "central",
     "dpsgd": "central",
+    "porter-dp": "ldp",
 }
 
 #: What an audit changes in a run's defaults: a small synthetic task (the canary oracle replaces
@@ -90,7 +91,8 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
         raise ConfigError(
             f"privdl audit runs {', '.join(AUDITED)} so far; {algorithm!r} is not audited yet"
         )
-    values = {**AUDIT_DEFAULTS, **options, "algorithm": algorithm}
+    own = {"clip_mode": "per_sample"} if algorithm == "porter-dp" else {}  # its Algorithm 1, I
+    values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
     if threat_model is not None:
         if algorithm == "decor":
             values["adversary"] = threat_model

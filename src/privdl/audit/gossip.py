@@ -37,6 +37,7 @@ import torch
 from privdl.accounting.secrdp import decor_step_rdp
 from privdl.algorithms.base import Keys
 from privdl.algorithms.decor import Decor
+from privdl.algorithms.porter import Porter
 from privdl.comm.base import Communicator
 from privdl.engine.grads import GradResult
 from privdl.errors import ConfigError
@@ -63,8 +64,14 @@ class GossipView:
     #: whether it sees the released (mixed) model instead of messages (a trusted aggregator)
     released: bool = False
     colluders: tuple[int, ...] = ()
+    #: messages each node sends per step (PORTER: two channels, Q_v and Q_x)
+    channels: int = 1
 
     def describe(self) -> str:
+        if self.channels == 2:
+            return (
+                f"node {self.canary}'s messages (its compressed surrogates Q_v and Q_x), every step"
+            )
         if self.released:
             return "the released model after exact averaging, every step"
         if not self.colluders:
@@ -75,7 +82,9 @@ class GossipView:
         )
 
     def features_per_step(self) -> int:
-        return 1 if self.released else len(self.message_rows) + len(self.secret_edges)
+        if self.released:
+            return 1
+        return self.channels * len(self.message_rows) + len(self.secret_edges)
 
 
 def gossip_view(run: Any) -> GossipView:
@@ -83,6 +92,8 @@ def gossip_view(run: Any) -> GossipView:
     accountant's worst colluding set and worst honest node (Algorithm 3), node 0 otherwise."""
     alg = run.algorithm
     n = int(run.topology.n)
+    if isinstance(alg, Porter):  # PORTER-DP: LDP noise; what the canary's node sends
+        return GossipView("ldp", 0, (0,), channels=2)
     noise = getattr(run.recipe, "noise", None)
     if noise == "central":
         return GossipView("central", 0, (), released=True)
@@ -127,19 +138,25 @@ class _CanaryOracle:
 
 
 class _Recording:
-    """The run's communicator, keeping the last messages it was given and what it returned (what
-    an observer of the wire, or of a trusted aggregator's output, sees)."""
+    """The run's communicator, keeping the messages it was given and what it returned since the
+    last :meth:`take` (what an observer of the wire, or of a trusted aggregator's output, sees)."""
 
     def __init__(self, inner: Communicator) -> None:
         self._inner = inner
-        self.sent: torch.Tensor | None = None
-        self.received: torch.Tensor | None = None
+        self.sent: list[torch.Tensor] = []
+        self.received: list[torch.Tensor] = []
 
     def mix(self, tree: Tree, t: int) -> Tree:
-        self.sent = tree["w"].detach().clone()
+        (value,) = tree.values()  # the audit's models are one tensor
+        self.sent.append(value.detach().clone())
         out = self._inner.mix(tree, t)
-        self.received = out["w"].detach().clone()
+        self.received.append(next(iter(out.values())).detach().clone())
         return out
+
+    def take(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        sent, received = self.sent, self.received
+        self.sent, self.received = [], []
+        return sent, received
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -150,9 +167,9 @@ def canary_views(
 ) -> np.ndarray:
     """One batch of trials: ``(len(world), features)`` views of the adversary over the run's
     steps, ``world[k] = +-1`` the canary's sign in trial ``k``, keys from ``seed``."""
-    alg = run.algorithm
-    if not isinstance(alg, Decor):
-        raise ConfigError(f"{run.cfg.algorithm} is not a gossip algorithm")
+    alg: Any = run.algorithm  # Decor or Porter (one protocol: init / step)
+    if not isinstance(alg, Decor | Porter):
+        raise ConfigError(f"{run.cfg.algorithm} is not audited by gossip views")
     n, steps, size = int(run.topology.n), int(run.cfg.steps), len(world)
     if size * steps * view.features_per_step() > MAX_CELLS:
         raise ConfigError(
@@ -172,12 +189,11 @@ def canary_views(
     parts: list[torch.Tensor] = []
     for t in range(steps):  # the run's own steps (each vectorised over all trials)
         state, _ = alg.step(state, oracle, cast(Communicator, comm))
+        sent, received = comm.take()
         if view.released:
-            assert comm.received is not None
-            parts.append(comm.received[:1])
+            parts.append(received[-1][:1])
             continue
-        assert comm.sent is not None
-        parts.append(comm.sent[rows])
+        parts.extend(message[rows] for message in sent)
         for e, row in view.secret_edges:  # the colluders' own edge noise v_{row, j}(t)
             assert edges is not None
             parts.append(
