@@ -167,9 +167,9 @@ def canary_views(
 ) -> np.ndarray:
     """One batch of trials: ``(len(world), features)`` views of the adversary over the run's
     steps, ``world[k] = +-1`` the canary's sign in trial ``k``, keys from ``seed``."""
-    alg: Any = run.algorithm  # Decor or Porter (one protocol: init / step)
-    if not isinstance(alg, Decor | Porter):
+    if not isinstance(run.algorithm, Decor | Porter):
         raise ConfigError(f"{run.cfg.algorithm} is not audited by gossip views")
+    alg: Any = run.algorithm  # Decor or Porter (one protocol: init / step)
     n, steps, size = int(run.topology.n), int(run.cfg.steps), len(world)
     if size * steps * view.features_per_step() > MAX_CELLS:
         raise ConfigError(
