@@ -15,6 +15,9 @@ import torch
 
 import privdl.algorithms.decor as decor_module
 import privdl.recipes.gossip as gossip_recipe
+import privdl.tasks as tasks
+from privdl.data.batching import sample_batches
+from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.mechanisms.correlated import correlated_noise, decor_noise, independent_noise
 
 
@@ -57,4 +60,33 @@ def accountant_without_composition() -> Iterator[None]:
         return lambda t: at(min(t, 1))
 
     with mock.patch.object(gossip_recipe, "spent", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def clipping_after_averaging() -> Iterator[None]:
+    """Per-example clipping asked for, but the minibatch's mean gradient clipped instead."""
+
+    def buggy(model, params, x, y, *, clip, **kwargs):
+        if clip.mode == "per_sample":
+            clip = ClipSpec(mode="batch_mean", threshold=clip.threshold, kind=clip.kind)
+        return node_gradients(model, params, x, y, clip=clip, **kwargs)
+
+    with mock.patch.object(tasks, "node_gradients", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def one_poisson_draw_for_every_step() -> Iterator[None]:
+    """``sampling="poisson"`` whose generator is seeded with a constant instead of the step: one
+    Poisson draw, reused at every step (an example is in every minibatch or in none), while the
+    accountant assumes a fresh draw per step."""
+
+    def buggy(counts, batch_size, *, generator, scheme="without_replacement", m_max=None):
+        if scheme == "poisson":
+            generator = torch.Generator(device=generator.device).manual_seed(12345)
+        return sample_batches(counts, batch_size, generator=generator, scheme=scheme,
+                              m_max=m_max)  # fmt: skip
+
+    with mock.patch.object(tasks, "sample_batches", buggy):
         yield

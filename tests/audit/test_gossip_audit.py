@@ -89,7 +89,9 @@ def test_reproducible_and_json_ready():
     [
         ({"algorithm": "privsgp-vr"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
-        ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "user-level"),
+        ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
+        ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),
+        ({"algorithm": "dpsgd", "sampling": "poisson", "clip_mode": "batch_mean"}, "per_sample"),
         ({"algorithm": "ldp", "trials": 4}, "trials"),
         ({"algorithm": "ldp", "epsilon": None}, "needs a noise std sigma"),
     ],

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
+from privdl.audit.examples import build_example_run, example_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
-from privdl.audit.scores import fit_linear_test
+from privdl.audit.scores import fit_linear_test, fit_mixture_test, fit_scan_test
 from privdl.errors import ConfigError
 from privdl.registry import make_config
 
@@ -34,6 +35,15 @@ AUDITED = {
     "cdp": "central",
     "dpsgd": "central",
     "porter-dp": "ldp",
+}
+
+#: Example-level audits (dpsgd with sampling poisson): DP-SGD on canary examples, a small step
+#: size so each canary's gradient stays clipped (:mod:`privdl.audit.examples`).
+EXAMPLE_DEFAULTS: dict[str, Any] = {
+    "clip": 1.0,
+    "clip_mode": "per_sample",
+    "steps": 10,
+    "lr": 1e-3,
 }
 
 #: What an audit changes in a run's defaults: a small synthetic task (the canary oracle replaces
@@ -58,7 +68,8 @@ class AuditResult:
     delta: float
     #: Clopper-Pearson lower bound (no assumption on the mechanism)
     epsilon_lower: float
-    #: the bound assuming the mechanism is mu-GDP, and its mu
+    #: the bound assuming the mechanism is mu-GDP, and its mu (NaN where it is not: a subsampled
+    #: Gaussian mechanism is not mu-GDP for any mu that matches its tails)
     epsilon_lower_gdp: float
     mu_lower: float
     epsilon_accounted: float
@@ -66,6 +77,8 @@ class AuditResult:
     accounted: dict[str, Any]
     canary: dict[str, Any]
     view: str
+    #: the adversary's test that certified: ``fisher`` (linear) or ``scan`` (max over features)
+    test: str
     settings: dict[str, Any]
     #: observed (FPR, FNR) of the fitted test on the certifying trials
     tradeoff: list[tuple[float, float]] = field(repr=False)
@@ -75,10 +88,13 @@ class AuditResult:
     def within_accounted(self) -> bool:
         """Whether both lower bounds are at most the accounted epsilon (what a correct
         implementation shows with probability >= ``confidence``)."""
-        return max(self.epsilon_lower, self.epsilon_lower_gdp) <= self.epsilon_accounted
+        gdp = 0.0 if math.isnan(self.epsilon_lower_gdp) else self.epsilon_lower_gdp
+        return max(self.epsilon_lower, gdp) <= self.epsilon_accounted
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        """Plain JSON data (NaN, where a bound does not apply, as null)."""
+        out = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+               for k, v in asdict(self).items()}  # fmt: skip
         out["tradeoff"] = [list(p) for p in self.tradeoff]
         out["within_accounted"] = self.within_accounted
         return out
@@ -86,13 +102,38 @@ class AuditResult:
 
 def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | None) -> Any:
     """The run configuration an audit of ``algorithm`` builds: the audit defaults under the
-    user's ``options``, the threat model as the run's ``adversary`` where it has one."""
+    user's ``options``, the threat model as the run's ``adversary`` where it has one (user-level
+    audits; example-level ones build theirs per batch of canaries)."""
+    values = audit_values(algorithm, options, threat_model)
+    cfg = make_config(values)
+    if cfg.task != "least-squares" and cfg.sampling != "full":
+        raise ConfigError(
+            "user-level audits run the least-squares task's full gradients; for example-level "
+            "canaries give dpsgd sampling poisson"
+        )
+    return cfg
+
+
+def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | None) -> dict:
+    """The audit's run options (module docstring), checked against what it can audit."""
     if algorithm not in AUDITED:
         raise ConfigError(
             f"privdl audit runs {', '.join(AUDITED)} so far; {algorithm!r} is not audited yet"
         )
-    own = {"clip_mode": "per_sample"} if algorithm == "porter-dp" else {}  # its Algorithm 1, I
-    values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
+    if example_level(algorithm, options):
+        values = {**EXAMPLE_DEFAULTS, **options, "algorithm": algorithm}
+        if values.get("sampling") != "poisson" or values.get("clip_mode") != "per_sample":
+            raise ConfigError(
+                "example-level audits run DP-SGD with sampling poisson and clip_mode per_sample"
+            )
+        if "task" in options or "batch_size" in options:
+            raise ConfigError(
+                "an example-level audit makes its own data (one canary example per trial): "
+                "give sampling_rate, not task or batch_size"
+            )
+    else:
+        own = {"clip_mode": "per_sample"} if algorithm == "porter-dp" else {}  # Alg. 1, option I
+        values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
     if threat_model is not None:
         if algorithm == "decor":
             values["adversary"] = threat_model
@@ -102,89 +143,126 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
                 f"{threat_model!r}"
             )
     values["eval_every"] = int(values.get("steps", 10))
-    cfg = make_config(values)
-    if cfg.task != "least-squares" and cfg.sampling != "full":
-        raise ConfigError(
-            "privdl audit runs user-level canaries (sampling full) so far; example-level "
-            "audits with sampled canaries are not built yet"
-        )
-    return cfg
+    return values
+
+
+def example_level(algorithm: str, options: dict[str, Any]) -> bool:
+    """Whether the options ask for DP-SGD on sampled minibatches (canary examples)."""
+    return algorithm == "dpsgd" and options.get("sampling", "full") != "full"
+
+
+def _bounds(
+    x: np.ndarray,
+    present: np.ndarray,
+    rng: np.random.Generator,
+    delta: float,
+    confidence: float,
+    rate: float | None = None,
+) -> tuple[str, Any, Any, list[tuple[float, float]]]:
+    """Fit the tests on half the trials, keep the one whose bound is larger there, certify it on
+    the other half: (test name, Clopper-Pearson bound, GDP bound, observed trade-off). ``rate``:
+    a canary's inclusion rate (Poisson sampling), which adds the mixture test."""
+    order = rng.permutation(len(present))
+    fit, test = order[: len(order) // 2], order[len(order) // 2 :]
+    best: tuple[float, str, Any] | None = None
+    fitters: list[tuple[str, Any]] = [("fisher", fit_linear_test), ("scan", fit_scan_test)]
+    if rate is not None and rate < 1:
+        fitters.append(("mixture", lambda v, p: fit_mixture_test(v, p, rate)))
+    for name, fitter in fitters:
+        scorer = fitter(x[fit], present[fit])
+        s = scorer.scores(x[fit])
+        a, b = s[~present[fit]], s[present[fit]]
+        got = epsilon_lower_bound_heldout(a, b, a, b, delta=delta, confidence=confidence)
+        if best is None or got.epsilon_lower > best[0]:
+            best = (got.epsilon_lower, name, scorer)
+    assert best is not None
+    _, name, scorer = best
+    s_fit, s_test = scorer.scores(x[fit]), scorer.scores(x[test])
+    pieces = (s_fit[~present[fit]], s_fit[present[fit]], s_test[~present[test]],
+              s_test[present[test]])  # fmt: skip
+    cp = epsilon_lower_bound_heldout(*pieces, delta=delta, confidence=confidence)
+    gdp = epsilon_lower_bound_heldout(*pieces, delta=delta, confidence=confidence, method="gdp")
+    return name, cp, gdp, empirical_tradeoff(pieces[2], pieces[3])
 
 
 def audit(
     algorithm: str,
     *,
-    trials: int = 2000,
+    trials: int = 20_000,
     threat_model: str | None = None,
     confidence: float = 0.95,
     seed: int = 0,
-    batch: int = 50_000,
+    batch: int | None = None,
+    sampling_rate: float = 0.05,
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
 
     Args:
         algorithm: one of :data:`AUDITED`.
-        trials: trials in all (half with each canary sign; half fit the test, half certify).
+        trials: trials in all (half with each canary world; half fit the test, half certify).
         threat_model: DECOR's adversary (``eavesdropper``, ``curious``, ``collusion:Q``), or the
             baseline's own (``ldp``, ``central``) as a check.
         confidence: probability with which the lower bounds hold.
         seed: seeds the keys of every batch, the canary pattern and the split (reproducible).
-        batch: trials per run of the mechanism (memory).
+        batch: trials per run of the mechanism (memory; default 50 000 for gradient canaries,
+            4 000 for canary examples, whose dataset grows with the square of it).
+        sampling_rate: example level (dpsgd with ``sampling="poisson"``): each canary's rate.
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
-            ``delta``, ``steps``, ``sigma``, ...).
+            ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
-    from privdl.loop import build_run  # the loop imports the registry, which imports recipes
-
     if not isinstance(trials, int) or trials < 16:
         raise ConfigError(f"trials must be an integer >= 16, got {trials!r}")
     if not 0 < confidence < 1:
         raise ConfigError(f"confidence must lie in (0, 1), got {confidence}")
-    if batch < 2:
+    if batch is not None and batch < 2:
         raise ConfigError(f"batch must be >= 2, got {batch}")
     start = time.perf_counter()
-    cfg = audit_config(algorithm, options, threat_model)
-    run = build_run(cfg)
-    cfg = run.cfg
-    if run.privacy is None:
-        raise ConfigError(f"{algorithm} with these options adds no noise: nothing to audit")
-    accounted = run.privacy(cfg.steps) or {}
-    view = gossip_view(run)
-    signs = public_signs(cfg.steps, seed)
     rng = np.random.default_rng([seed, 0xA0D17])
-    views, worlds = [], []
-    for k, size in enumerate(batches(trials, batch)):
-        world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
-        views.append(canary_views(run, view, world=world, signs=signs, seed=seed * 7919 + k))
-        worlds.append(world)
-    x, present = np.concatenate(views), np.concatenate(worlds) > 0
-    order = rng.permutation(len(present))
-    fit, test = order[: len(order) // 2], order[len(order) // 2 :]
-    scorer = fit_linear_test(x[fit], present[fit])
-    s_fit, s_test = scorer.scores(x[fit]), scorer.scores(x[test])
-    delta = float(accounted.get("delta", cfg.delta or 1e-5))
-    pieces = (s_fit[~present[fit]], s_fit[present[fit]], s_test[~present[test]],
-              s_test[present[test]])  # fmt: skip
-    cp = epsilon_lower_bound_heldout(*pieces, delta=delta, confidence=confidence)
-    gdp = epsilon_lower_bound_heldout(*pieces, delta=delta, confidence=confidence, method="gdp")
-    return AuditResult(
-        algorithm=algorithm,
-        threat_model=view.threat_model,
-        trials=int(len(present)),
-        confidence=confidence,
-        delta=delta,
-        epsilon_lower=float(cp.epsilon_lower),
-        epsilon_lower_gdp=float(gdp.epsilon_lower),
-        mu_lower=float(gdp.mu_lower or 0.0),
-        epsilon_accounted=float(accounted.get("epsilon", math.nan)),
-        accounted=dict(accounted),
-        canary={
+    if example_level(algorithm, options):
+        run, x, present = _example_trials(
+            audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
+            sampling_rate=sampling_rate, seed=seed, rng=rng,
+        )  # fmt: skip
+        canary = {
+            "kind": "example (white box: its gradient is clipped to exactly C)",
+            "size": float(run.cfg.clip),
+            "neighbouring": "add_remove: the example is in the dataset or not",
+            "sampling_rate": float(run.task.sampling_rate),
+        }
+        view_text = "the released model after every step (the increments of each trial's weight)"
+        threat, rate = "central", float(run.task.sampling_rate)
+    else:
+        run, x, present, view = _gradient_trials(
+            algorithm, options, threat_model, trials=trials, batch=batch or 50_000, seed=seed,
+            rng=rng,
+        )  # fmt: skip
+        canary = {
             "kind": "gradient (white box)",
             "node": view.canary,
             "size": float(run.algorithm.clip.threshold),
             "neighbouring": "replace_one: +-C at every step (public sign pattern)",
-        },
-        view=view.describe(),
+        }
+        view_text, threat, rate = view.describe(), view.threat_model, None
+    cfg = run.cfg
+    accounted = run.privacy(cfg.steps) if run.privacy is not None else None
+    accounted = dict(accounted or {})
+    delta = float(accounted.get("delta", cfg.delta or 1e-5))
+    test, cp, gdp, tradeoff = _bounds(x, present, rng, delta, confidence, rate)
+    return AuditResult(
+        algorithm=algorithm,
+        threat_model=threat,
+        trials=int(len(present)),
+        confidence=confidence,
+        delta=delta,
+        epsilon_lower=float(cp.epsilon_lower),
+        epsilon_lower_gdp=float(gdp.epsilon_lower) if rate is None else math.nan,
+        mu_lower=float(gdp.mu_lower or 0.0) if rate is None else math.nan,
+        epsilon_accounted=float(accounted.get("epsilon", math.nan)),
+        accounted=accounted,
+        canary=canary,
+        view=view_text,
+        test=test,
         settings={
             "graph": getattr(cfg, "graph", None),
             "steps": cfg.steps,
@@ -194,6 +272,59 @@ def audit(
             "target_epsilon": cfg.epsilon,
             "seed": seed,
         },
-        tradeoff=empirical_tradeoff(s_test[~present[test]], s_test[present[test]]),
+        tradeoff=tradeoff,
         seconds=round(time.perf_counter() - start, 3),
     )
+
+
+def _gradient_trials(
+    algorithm: str,
+    options: dict[str, Any],
+    threat_model: str | None,
+    *,
+    trials: int,
+    batch: int,
+    seed: int,
+    rng: np.random.Generator,
+) -> tuple[Any, np.ndarray, np.ndarray, Any]:
+    """Views of gradient-canary trials (:mod:`privdl.audit.gossip`), batch after batch."""
+    from privdl.loop import build_run  # the loop imports the registry, which imports recipes
+
+    run = build_run(audit_config(algorithm, options, threat_model))
+    if run.privacy is None:
+        raise ConfigError(f"{algorithm} with these options adds no noise: nothing to audit")
+    view = gossip_view(run)
+    signs = public_signs(run.cfg.steps, seed)
+    views, worlds = [], []
+    for k, size in enumerate(batches(trials, batch)):
+        world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
+        views.append(canary_views(run, view, world=world, signs=signs, seed=seed * 7919 + k))
+        worlds.append(world)
+    return run, np.concatenate(views), np.concatenate(worlds) > 0, view
+
+
+def _example_trials(
+    values: dict[str, Any],
+    *,
+    trials: int,
+    batch: int,
+    sampling_rate: float,
+    seed: int,
+    rng: np.random.Generator,
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Views of canary-example trials (:mod:`privdl.audit.examples`): equal batches, so every
+    batch's run has the same dataset size and the same calibrated noise."""
+    count = max(1, -(-trials // batch))
+    size = 2 * (trials // (2 * count))
+    if size < 8:
+        raise ConfigError(f"{trials} trials are too few for an example-level audit")
+    views, flags, run, cfg = [], [], None, None
+    for k in range(count):
+        present = rng.permutation(np.arange(size) < size // 2)
+        run = build_example_run(values if cfg is None else cfg.model_dump(), present,
+                                sampling_rate=sampling_rate, calibrated=cfg)  # fmt: skip
+        cfg = run.cfg
+        views.append(example_views(run, seed=seed * 7919 + k))
+        flags.append(present)
+    assert run is not None
+    return run, np.concatenate(views), np.concatenate(flags)

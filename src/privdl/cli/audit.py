@@ -36,17 +36,25 @@ def _text(r: Any) -> str:
             f"{r.confidence:.0%} confidence, {r.seconds:.2f} s",
             f"  accounted  epsilon {r.epsilon_accounted:.4g} ({label})",
             f"  lower      epsilon {r.epsilon_lower:.4g} (clopper-pearson, no assumption)",
-            f"             epsilon {r.epsilon_lower_gdp:.4g} (gdp: assumes mu-GDP; "
-            f"mu >= {r.mu_lower:.4g})",
+            (
+                f"             epsilon {r.epsilon_lower_gdp:.4g} (gdp: assumes mu-GDP; "
+                f"mu >= {r.mu_lower:.4g})"
+                if r.epsilon_lower_gdp == r.epsilon_lower_gdp  # not NaN
+                else "             (no gdp bound: a subsampled mechanism is not mu-GDP)"
+            ),
+            f"  test: {r.test}",
             f"  within the accounted bound: {verdict}",
-            f"  canary: {r.canary['kind']} at node {r.canary['node']}, C = {r.canary['size']:g}",
+            f"  canary: {r.canary['kind']}"
+            + (f" at node {r.canary['node']}" if "node" in r.canary else "")
+            + (f", rate {r.canary['sampling_rate']:.4g}" if "sampling_rate" in r.canary else "")
+            + f", C = {r.canary['size']:g}",
             f"  adversary sees: {r.view}",
         ]
     )
 
 
-def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, as_json, plot,
-           **flags):  # fmt: skip
+def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
+           as_json, plot, **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
@@ -61,6 +69,7 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         confidence=confidence,
         seed=int(seed or 0),
         batch=batch,
+        sampling_rate=sampling_rate,
         **values,
     )
     if plot:
@@ -107,9 +116,16 @@ audit = click.Command(
         click.Option(
             ["--batch"],
             type=click.IntRange(2),
-            default=50_000,
+            default=None,
+            help="Trials per run of the mechanism (memory; default 50000 gradient canaries, "
+            "4000 canary examples).",
+        ),
+        click.Option(
+            ["--sampling-rate"],
+            type=click.FloatRange(0, 1, min_open=True),
+            default=0.05,
             show_default=True,
-            help="Trials per run of the mechanism (memory).",
+            help="Example level (dpsgd --sampling poisson): each canary example's inclusion rate.",
         ),
         click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."),
         click.Option(

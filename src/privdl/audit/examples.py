@@ -1,0 +1,94 @@
+"""Example-level audits of DP-SGD: canary *examples* in Poisson-sampled minibatches, through the
+task's own data path (sampling, per-example gradients, per-example clipping, the expected batch
+size as denominator, Gaussian noise; Abadi et al. 2016, Algorithm 1).
+
+The run is DP-SGD on the caller's kind of data (``task="user"``: a dataset and an ``nn.Module``),
+built as ``privdl.train`` builds it. The data and model are chosen so that every trial is one
+coordinate and the trials are independent:
+
+* the model is a bias-free linear layer ``f(x) = w . x`` over ``B`` inputs with the logistic
+  loss (binary labels), started at ``w = 0``;
+* trial ``k`` has a canary example ``x = Y e_k`` with label 1 in the dataset (``present``) or no
+  example at all (``absent``): add/remove, the relation Poisson sampling is accounted under;
+* the canary's gradient ``(sigmoid(Y w_k) - 1) Y e_k`` lies on coordinate ``k`` only and, with
+  ``Y = 100 C`` and a small step size, its norm stays far above ``C``: the task clips it to exactly
+  ``C`` (the sensitivity the accountant assumes);
+* each example joins each minibatch independently (Poisson), and the noise is independent per
+  coordinate, so the ``B`` coordinates are ``B`` independent trials of one run.
+
+The adversary is the trusted aggregator's audience (threat model ``central``): it sees the released
+model after every step; its view of trial ``k`` is the increments of ``w_k``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from privdl.algorithms.base import Keys
+from privdl.audit.gossip import MAX_CELLS, _Recording
+from privdl.comm.base import Communicator
+from privdl.errors import ConfigError
+
+__all__ = ["build_example_run", "example_views"]
+
+#: The canary input's scale, in units of the clipping threshold (keeps its gradient clipped).
+CANARY_SCALE = 100.0
+
+
+def _canary_data(present: np.ndarray, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One example ``Y e_k`` (label 1) for every present trial ``k``."""
+    where = np.flatnonzero(present)
+    x = torch.zeros((len(where), len(present)), dtype=torch.float32)
+    x[torch.arange(len(where)), torch.as_tensor(where)] = CANARY_SCALE * clip
+    return x, torch.ones(len(where), dtype=torch.int64)
+
+
+def build_example_run(
+    values: dict[str, Any], present: np.ndarray, *, sampling_rate: float, calibrated: Any = None
+) -> Any:
+    """The DP-SGD run of one batch of trials: the canary examples of ``present`` as its data,
+    the expected batch size ``sampling_rate`` times their number (the accounted rate is what
+    that rounds to), calibrated to ``values``' epsilon as a run would be (``calibrated``: an
+    earlier batch's resolved config of the same size, reused as it is)."""
+    from privdl.data.custom import user_data
+    from privdl.loop import build_run  # the loop imports the registry, which imports recipes
+    from privdl.registry import make_config
+    from privdl.tasks import UserObjects
+
+    m = int(np.sum(present))
+    if m < 1 or not 0 < sampling_rate <= 1:
+        raise ConfigError("an example-level audit needs canaries and a sampling rate in (0, 1]")
+    clip = float(values.get("clip") or 1.0)
+    x, y = _canary_data(present, clip)
+    batch = max(1, round(sampling_rate * m))
+    cfg = calibrated or make_config({**values, "task": "user", "batch_size": batch, "clip": clip})
+    model = nn.Linear(len(present), 1, bias=False)
+    nn.init.zeros_(model.weight)
+    user = UserObjects(data=user_data((x, y), n_classes=2), model=model)
+    return build_run(cfg, user=user, calibrated=calibrated is not None)
+
+
+def example_views(run: Any, *, seed: int) -> np.ndarray:
+    """``(B, steps)`` increments of each trial's coordinate of the released model, over the
+    run's steps (its own oracle: sampling, clipping and noise as implemented)."""
+    from privdl.loop import set_keys
+
+    steps = int(run.cfg.steps)
+    params = run.recipe.initial_params(run.cfg, run.task)
+    size = sum(int(v[0].numel()) for v in params.values())
+    if size * steps > MAX_CELLS:
+        raise ConfigError(f"{size} trials x {steps} steps is too large for one audit")
+    set_keys(run, Keys.from_seed(seed))  # the sampling seed of the minibatches, and the noise
+    comm = _Recording(run.comm)
+    state = run.algorithm.init(params, run.oracle, cast(Communicator, comm), keys=run.keys)
+    released = [next(iter(params.values())).reshape(1, -1)[0].double()]
+    for _ in range(steps):  # the run's own steps (each vectorised over all trials)
+        state, _ = run.algorithm.step(state, run.oracle, cast(Communicator, comm))
+        _, received = comm.take()
+        released.append(received[-1].reshape(received[-1].shape[0], -1)[0].double())
+    model = torch.stack(released)  # (steps + 1, B)
+    return torch.diff(model, dim=0).T.numpy()
