@@ -24,7 +24,7 @@ from typing import Any
 
 from privdl.errors import PrivdlError
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one source of the version (pyproject.toml reads it)
 __all__ = [
     "PrivdlError",
     "TrainResult",
