@@ -58,3 +58,15 @@ def test_catches_one_poisson_draw_reused_at_every_step():
     with bugs.one_poisson_draw_for_every_step():
         got = audit("dpsgd", **setting)
     assert got.epsilon_lower > got.epsilon_accounted, got.epsilon_lower
+
+
+def test_robust_hdp_client_stays_under_its_accounted_epsilon():
+    """Client 0's local DP-SGD seen by the server (its update every round): the lower bound stays
+    under the client accountant's epsilon, labelled example / add_remove / server."""
+    got = audit("robust-hdp", budgets="4", delta=1e-5, steps=2, trials=4000, sampling_rate=0.1)
+    acc = got.accounted
+    assert (acc["unit"], acc["neighbouring"], acc["threat_model"]) == ("example", "add_remove",
+                                                                       "server")  # fmt: skip
+    assert acc["epsilon"] <= 4.0 + 1e-6
+    assert got.within_accounted, got.epsilon_lower
+    assert got.epsilon_lower > 0.1  # the audit has power

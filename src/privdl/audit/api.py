@@ -21,6 +21,7 @@ import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
 from privdl.audit.examples import build_example_run, example_views
+from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.scores import fit_linear_test, fit_mixture_test, fit_scan_test
 from privdl.errors import ConfigError
@@ -35,10 +36,18 @@ AUDITED = {
     "cdp": "central",
     "dpsgd": "central",
     "porter-dp": "ldp",
+    "robust-hdp": "server",
+    "dpfedavg": "server",
+    "weiavg": "server",
+    "pfa": "server",
+    "mineps": "server",
 }
+#: The federated algorithms among them: one client's local DP-SGD, seen by the server.
+FEDERATED = ("robust-hdp", "dpfedavg", "weiavg", "pfa", "mineps")
 
-#: Example-level audits (dpsgd with sampling poisson): DP-SGD on canary examples, a small step
-#: size so each canary's gradient stays clipped (:mod:`privdl.audit.examples`).
+#: Example-level audits (dpsgd with sampling poisson, and every federated client): DP-SGD on
+#: canary examples, a small step size so each canary's gradient stays clipped
+#: (:mod:`privdl.audit.examples`).
 EXAMPLE_DEFAULTS: dict[str, Any] = {
     "clip": 1.0,
     "clip_mode": "per_sample",
@@ -120,7 +129,14 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
         raise ConfigError(
             f"privdl audit runs {', '.join(AUDITED)} so far; {algorithm!r} is not audited yet"
         )
-    if example_level(algorithm, options):
+    if algorithm in FEDERATED:
+        values = {**EXAMPLE_DEFAULTS, "steps": 3, **options, "algorithm": algorithm}
+        if "task" in options or "batch_size" in options or "clients" in options:
+            raise ConfigError(
+                "a client audit makes its own clients and data (canary examples at client 0): "
+                "give sampling_rate, not task, clients or batch_size"
+            )
+    elif example_level(algorithm, options):
         values = {**EXAMPLE_DEFAULTS, **options, "algorithm": algorithm}
         if values.get("sampling") != "poisson" or values.get("clip_mode") != "per_sample":
             raise ConfigError(
@@ -219,7 +235,21 @@ def audit(
         raise ConfigError(f"batch must be >= 2, got {batch}")
     start = time.perf_counter()
     rng = np.random.default_rng([seed, 0xA0D17])
-    if example_level(algorithm, options):
+    if algorithm in FEDERATED:
+        run, x, present = _example_trials(
+            audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 2000,
+            sampling_rate=sampling_rate, seed=seed, rng=rng, federated=True,
+        )  # fmt: skip
+        canary = {
+            "kind": "example at client 0 (white box: its gradient is clipped to exactly C)",
+            "size": float(run.cfg.clip),
+            "neighbouring": "add_remove: the example is in the client's data or not",
+            "sampling_rate": float(run.algorithm.batch_sizes[0] / run.algorithm.num_samples[0]),
+        }
+        view_text = "every client's update, every round (client 0's, coordinate by coordinate)"
+        threat, rate = "server", None
+        accounted = client_budget(run)
+    elif example_level(algorithm, options):
         run, x, present = _example_trials(
             audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
             sampling_rate=sampling_rate, seed=seed, rng=rng,
@@ -245,8 +275,8 @@ def audit(
         }
         view_text, threat, rate = view.describe(), view.threat_model, None
     cfg = run.cfg
-    accounted = run.privacy(cfg.steps) if run.privacy is not None else None
-    accounted = dict(accounted or {})
+    if algorithm not in FEDERATED:
+        accounted = dict((run.privacy(cfg.steps) if run.privacy is not None else None) or {})
     delta = float(accounted.get("delta", cfg.delta or 1e-5))
     test, cp, gdp, tradeoff = _bounds(x, present, rng, delta, confidence, rate)
     return AuditResult(
@@ -266,7 +296,10 @@ def audit(
         settings={
             "graph": getattr(cfg, "graph", None),
             "steps": cfg.steps,
-            "sigma": cfg.sigma,
+            "sigma": getattr(cfg, "sigma", None),
+            "noise_multiplier": (
+                float(run.algorithm.noise_multipliers[0]) if algorithm in FEDERATED else None
+            ),
             "sigma_cor": getattr(cfg, "sigma_cor", 0.0),
             "clip": cfg.clip,
             "target_epsilon": cfg.epsilon,
@@ -311,9 +344,14 @@ def _example_trials(
     sampling_rate: float,
     seed: int,
     rng: np.random.Generator,
+    federated: bool = False,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Views of canary-example trials (:mod:`privdl.audit.examples`): equal batches, so every
-    batch's run has the same dataset size and the same calibrated noise."""
+    """Views of canary-example trials (:mod:`privdl.audit.examples`, or at a federated client:
+    :mod:`privdl.audit.federated`): equal batches, so every batch's run has the same dataset size
+    and the same calibrated noise."""
+    build, views_of = (
+        (build_client_run, client_views) if federated else (build_example_run, example_views)
+    )
     count = max(1, -(-trials // batch))
     size = 2 * (trials // (2 * count))
     if size < 8:
@@ -321,10 +359,10 @@ def _example_trials(
     views, flags, run, cfg = [], [], None, None
     for k in range(count):
         present = rng.permutation(np.arange(size) < size // 2)
-        run = build_example_run(values if cfg is None else cfg.model_dump(), present,
-                                sampling_rate=sampling_rate, calibrated=cfg)  # fmt: skip
+        run = build(values if cfg is None else cfg.model_dump(), present,
+                    sampling_rate=sampling_rate, calibrated=cfg)  # fmt: skip
         cfg = run.cfg
-        views.append(example_views(run, seed=seed * 7919 + k))
+        views.append(views_of(run, seed=seed * 7919 + k))
         flags.append(present)
     assert run is not None
     return run, np.concatenate(views), np.concatenate(flags)

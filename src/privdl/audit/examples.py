@@ -33,13 +33,13 @@ from privdl.audit.gossip import MAX_CELLS, _Recording
 from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
 
-__all__ = ["build_example_run", "example_views"]
+__all__ = ["build_example_run", "canary_data", "example_views"]
 
 #: The canary input's scale, in units of the clipping threshold (keeps its gradient clipped).
 CANARY_SCALE = 100.0
 
 
-def _canary_data(present: np.ndarray, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def canary_data(present: np.ndarray, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One example ``Y e_k`` (label 1) for every present trial ``k``."""
     where = np.flatnonzero(present)
     x = torch.zeros((len(where), len(present)), dtype=torch.float32)
@@ -63,7 +63,7 @@ def build_example_run(
     if m < 1 or not 0 < sampling_rate <= 1:
         raise ConfigError("an example-level audit needs canaries and a sampling rate in (0, 1]")
     clip = float(values.get("clip") or 1.0)
-    x, y = _canary_data(present, clip)
+    x, y = canary_data(present, clip)
     batch = max(1, round(sampling_rate * m))
     cfg = calibrated or make_config({**values, "task": "user", "batch_size": batch, "clip": clip})
     model = nn.Linear(len(present), 1, bias=False)
