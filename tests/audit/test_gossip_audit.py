@@ -51,6 +51,18 @@ def test_correct_code_stays_under_the_accounted_epsilon(algorithm, threat, graph
     assert got.epsilon_lower_gdp > (0.5 if threat != "curious" else 0.05) * got.epsilon_accounted
 
 
+def test_privsgp_vr_stays_under_its_accounted_epsilon():
+    """PrivSGP-VR's own SAGA step on a canary sample (entry 0 of node 0, sign changing over time),
+    node 0's messages seen: under the accounted (4 - 2/J) C per step Gaussian epsilon. J = 2
+    entries, so the canary is drawn often enough for the audit to have power."""
+    got = audit("privsgp-vr", graph="ring:8", ls_dim=2, **SETTING)
+    acc = got.accounted
+    assert (acc["unit"], acc["neighbouring"], acc["threat_model"]) == ("example", "replace_one",
+                                                                       "ldp")  # fmt: skip
+    assert got.within_accounted, got.epsilon_lower
+    assert 0.2 < got.epsilon_lower and math.isnan(got.epsilon_lower_gdp)
+
+
 def test_eavesdropper_test_reaches_the_accountants_mu():
     """DECOR's eavesdropper sees every noisy gradient, the SecLDP model exactly: the fitted test's
     separation equals the accountant's mu (a closed form over the graph's covariance)."""
@@ -87,7 +99,7 @@ def test_reproducible_and_json_ready():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ({"algorithm": "privsgp-vr"}, "not audited yet"),
+        ({"algorithm": "privsgp"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
         ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
         ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),

@@ -57,7 +57,7 @@ def test_exit_code_1_when_the_lower_bound_exceeds_the_claim(capsys):
 @pytest.mark.parametrize(
     "args",
     [
-        ["audit", "robust-hdp", "--epsilon", "1"],
+        ["audit", "privsgp", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
         ["audit", "decor", "--epsilon", "1", "--threat-model", "spy"],
     ],

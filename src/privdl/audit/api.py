@@ -23,6 +23,7 @@ from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_held
 from privdl.audit.examples import build_example_run, example_views
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
+from privdl.audit.privsgp import privsgp_views
 from privdl.audit.scores import fit_linear_test, fit_mixture_test, fit_scan_test
 from privdl.errors import ConfigError
 from privdl.registry import make_config
@@ -36,6 +37,7 @@ AUDITED = {
     "cdp": "central",
     "dpsgd": "central",
     "porter-dp": "ldp",
+    "privsgp-vr": "ldp",
     "robust-hdp": "server",
     "dpfedavg": "server",
     "weiavg": "server",
@@ -77,8 +79,9 @@ class AuditResult:
     delta: float
     #: Clopper-Pearson lower bound (no assumption on the mechanism)
     epsilon_lower: float
-    #: the bound assuming the mechanism is mu-GDP, and its mu (NaN where it is not: a subsampled
-    #: Gaussian mechanism is not mu-GDP for any mu that matches its tails)
+    #: the bound assuming the mechanism is mu-GDP, and its mu (NaN where it is not: a view that
+    #: mixes over secret sampling - Poisson minibatches, PrivSGP's drawn entry - is not mu-GDP
+    #: for a mu that matches its tails)
     epsilon_lower_gdp: float
     mu_lower: float
     epsilon_accounted: float
@@ -148,7 +151,8 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
                 "give sampling_rate, not task or batch_size"
             )
     else:
-        own = {"clip_mode": "per_sample"} if algorithm == "porter-dp" else {}  # Alg. 1, option I
+        # PORTER-DP (Algorithm 1, option I) and PrivSGP-VR clip per sample
+        own = {"clip_mode": "per_sample"} if algorithm in ("porter-dp", "privsgp-vr") else {}
         values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
     if threat_model is not None:
         if algorithm == "decor":
@@ -247,8 +251,21 @@ def audit(
             "sampling_rate": float(run.algorithm.batch_sizes[0] / run.algorithm.num_samples[0]),
         }
         view_text = "every client's update, every round (client 0's, coordinate by coordinate)"
-        threat, rate = "server", None
+        threat, rate, mixture = "server", None, True
         accounted = client_budget(run)
+    elif algorithm == "privsgp-vr":
+        run, x, present = _privsgp_trials(
+            audit_config(algorithm, options, threat_model), trials=trials, batch=batch or 50_000,
+            seed=seed, rng=rng,
+        )  # fmt: skip
+        canary = {
+            "kind": "sample (white box: entry 0 of node 0's table)",
+            "node": 0,
+            "size": float(run.cfg.clip),
+            "neighbouring": "replace_one: +-C s_t (public sign pattern, changing over time)",
+        }
+        view_text = "node 0's messages (its push-sum half-steps), every step"
+        threat, rate, mixture = "ldp", None, True
     elif example_level(algorithm, options):
         run, x, present = _example_trials(
             audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
@@ -261,7 +278,7 @@ def audit(
             "sampling_rate": float(run.task.sampling_rate),
         }
         view_text = "the released model after every step (the increments of each trial's weight)"
-        threat, rate = "central", float(run.task.sampling_rate)
+        threat, rate, mixture = "central", float(run.task.sampling_rate), True
     else:
         run, x, present, view = _gradient_trials(
             algorithm, options, threat_model, trials=trials, batch=batch or 50_000, seed=seed,
@@ -273,7 +290,7 @@ def audit(
             "size": float(run.algorithm.clip.threshold),
             "neighbouring": "replace_one: +-C at every step (public sign pattern)",
         }
-        view_text, threat, rate = view.describe(), view.threat_model, None
+        view_text, threat, rate, mixture = view.describe(), view.threat_model, None, False
     cfg = run.cfg
     if algorithm not in FEDERATED:
         accounted = dict((run.privacy(cfg.steps) if run.privacy is not None else None) or {})
@@ -286,8 +303,8 @@ def audit(
         confidence=confidence,
         delta=delta,
         epsilon_lower=float(cp.epsilon_lower),
-        epsilon_lower_gdp=float(gdp.epsilon_lower) if rate is None else math.nan,
-        mu_lower=float(gdp.mu_lower or 0.0) if rate is None else math.nan,
+        epsilon_lower_gdp=math.nan if mixture else float(gdp.epsilon_lower),
+        mu_lower=math.nan if mixture else float(gdp.mu_lower or 0.0),
         epsilon_accounted=float(accounted.get("epsilon", math.nan)),
         accounted=accounted,
         canary=canary,
@@ -334,6 +351,24 @@ def _gradient_trials(
         views.append(canary_views(run, view, world=world, signs=signs, seed=seed * 7919 + k))
         worlds.append(world)
     return run, np.concatenate(views), np.concatenate(worlds) > 0, view
+
+
+def _privsgp_trials(
+    cfg: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Views of PrivSGP-VR canary-sample trials (:mod:`privdl.audit.privsgp`)."""
+    from privdl.loop import build_run  # the loop imports the registry, which imports recipes
+
+    run = build_run(cfg)
+    if run.privacy is None:
+        raise ConfigError("privsgp-vr with these options adds no noise: nothing to audit")
+    signs = public_signs(run.cfg.steps, seed)
+    views, worlds = [], []
+    for k, size in enumerate(batches(trials, batch)):
+        world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
+        views.append(privsgp_views(run, world=world, signs=signs, seed=seed * 7919 + k))
+        worlds.append(world)
+    return run, np.concatenate(views), np.concatenate(worlds) > 0
 
 
 def _example_trials(

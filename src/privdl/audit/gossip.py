@@ -153,6 +153,13 @@ class _Recording:
         self.received.append(next(iter(out.values())).detach().clone())
         return out
 
+    def push_sum(self, tree: Tree, weight: torch.Tensor, t: int) -> tuple[Tree, torch.Tensor]:
+        (value,) = tree.values()
+        self.sent.append(value.detach().clone())
+        out, w = self._inner.push_sum(tree, weight, t)
+        self.received.append(next(iter(out.values())).detach().clone())
+        return out, w
+
     def take(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         sent, received = self.sent, self.received
         self.sent, self.received = [], []

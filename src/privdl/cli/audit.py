@@ -40,7 +40,7 @@ def _text(r: Any) -> str:
                 f"             epsilon {r.epsilon_lower_gdp:.4g} (gdp: assumes mu-GDP; "
                 f"mu >= {r.mu_lower:.4g})"
                 if r.epsilon_lower_gdp == r.epsilon_lower_gdp  # not NaN
-                else "             (no gdp bound: a subsampled mechanism is not mu-GDP)"
+                else "             (no gdp bound: the view mixes over secret sampling, not mu-GDP)"
             ),
             f"  test: {r.test}",
             f"  within the accounted bound: {verdict}",
