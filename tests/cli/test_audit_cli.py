@@ -66,3 +66,16 @@ def test_bad_input_is_one_line_and_exit_2(args, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+def test_suite_writes_a_report_and_refuses_to_overwrite_it(tmp_path, capsys):
+    out = tmp_path / "audits"
+    assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 10 and all("| yes |" in row for row in rows)
+    assert len(json.loads((out / "summary.json").read_text())) == 10
+    assert len(list(out.glob("*.png"))) == 10
+    capsys.readouterr()
+    assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 2
+    assert "already holds an audit report" in capsys.readouterr().err

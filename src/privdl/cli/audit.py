@@ -54,10 +54,13 @@ def _text(r: Any) -> str:
 
 
 def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
-           as_json, plot, **flags):  # fmt: skip
+           as_json, plot, suite, out, overwrite, **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
+    if suite:
+        _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed)
+        return
     values = command_line_values(config_file, algorithm, flags, sets)
     name = values.pop("algorithm", None)
     if name is None:
@@ -83,6 +86,23 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         if plot:
             click.echo(f"  figure: {plot}")
     if not result.within_accounted:
+        sys.exit(FOUND)
+
+
+def _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed) -> None:
+    from pathlib import Path
+
+    from privdl.audit.suite import run_suite, suite_table
+
+    if algorithm or config_file or sets or any(v is not None for v in flags.values()):
+        raise click.UsageError("--suite runs its own preset: give no algorithm or run options")
+    if not out:
+        raise click.UsageError("--suite writes a report: give --out DIR")
+    results = run_suite(Path(out), scale=trials / 20_000, confidence=confidence,
+                        seed=int(seed or 0), overwrite=overwrite)  # fmt: skip
+    click.echo("\n".join(suite_table(results)))
+    click.echo(f"report: {Path(out) / 'report.md'}")
+    if not all(r.within_accounted for r in results):
         sys.exit(FOUND)
 
 
@@ -128,6 +148,14 @@ audit = click.Command(
             help="Example level (dpsgd --sampling poisson): each canary example's inclusion rate.",
         ),
         click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."),
+        click.Option(
+            ["--suite"],
+            is_flag=True,
+            help="Audit every algorithm and threat model (the audit-suite preset) and write a "
+            "report with --out; --trials 20000 is the preset's size (others scale it).",
+        ),
+        click.Option(["--out"], type=click.Path(file_okay=False), help="--suite: report folder."),
+        click.Option(["--overwrite"], is_flag=True, help="--suite: replace a report in --out."),
         click.Option(
             ["--plot"],
             type=click.Path(dir_okay=False),
