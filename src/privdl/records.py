@@ -103,7 +103,7 @@ def load_torch_safe(path: Path, *, fix: str) -> Any:
         with torch.serialization.safe_globals(_numpy_safe_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "weights only load failed" in str(exc).lower():
+        if "GLOBAL" in str(exc):  # it names a class or function: not tensors and data
             raise PrivdlError(
                 f"{path} holds objects other than tensors and plain data (not a privdl "
                 f"checkpoint, or a crafted one); it was not loaded: {fix}"
