@@ -364,7 +364,7 @@ def _run_dir(d: Path) -> dict[str, Any]:
             rec[name] = _strip(data)
     ckpt = d / "checkpoint.pt"
     if ckpt.is_file():
-        data = torch.load(ckpt, map_location="cpu", weights_only=False)
+        data = torch.load(ckpt, map_location="cpu", weights_only=True)
         keep = {k: v for k, v in data.items() if k in ("params", "state", "t", "aggregator")}
         rec["checkpoint"] = _tensor_digests(keep)
         rec["checkpoint_t"] = data.get("t")

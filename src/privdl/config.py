@@ -24,6 +24,7 @@ from privdl.errors import ConfigError, PrivdlError
 from privdl.mechanisms.compress import parse_compressor
 
 __all__ = [
+    "MAX_STEPS",
     "TASKS",
     "CommonConfig",
     "RunConfig",
@@ -32,6 +33,12 @@ __all__ = [
     "parse_adversary_label",
     "parse_compressor_spec",
 ]
+
+#: The most steps (federated: rounds) a run may have. The keyed noise streams count their
+#: draws in a 64-bit counter (2^64 blocks in all, shared by every step), and 10^9 steps is
+#: already beyond what any machine finishes: a larger number is a typo, refused before any
+#: calibration or training starts.
+MAX_STEPS = 10**9
 
 TASKS = ("least-squares", "a9a", "mnist", "fashion-mnist", "cifar10", "synthetic-cifar10", "user")
 
@@ -114,6 +121,19 @@ class CommonConfig(BaseModel):
                         f"{key}={value!r}: {key} takes a number or a name, not true/false"
                     )
         return values
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps_limit(cls, v: Any) -> Any:
+        """A number of steps above :data:`MAX_STEPS` (``1e23`` in a TOML file, a typo) is
+        refused with why, before pydantic reads it as an integer."""
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > MAX_STEPS:
+            shown = f"{v:.3g}" if isinstance(v, float) or v >= 10**12 else str(v)
+            raise ValueError(
+                f"steps = {shown} is more than privdl's limit of 10^9 (the noise streams count "
+                "draws in a 64-bit counter, and no run that long ends); give fewer steps"
+            )
+        return v
 
     @field_validator("lr")
     @classmethod

@@ -51,6 +51,68 @@ def save_torch_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def plain_data(obj: Any) -> Any:
+    """A copy of ``obj`` that torch's weights-only unpickler reads back: numpy scalars become
+    Python numbers (float64/int64 exactly; float32 widens exactly), numpy arrays tensors, paths
+    strings, tuples stay tuples; tensors, ``bytes``, ``str``, numbers and ``None`` are kept.
+    Anything else (an object whose pickle names a class) is refused: a checkpoint holds data."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, np.generic):  # before the numbers: np.float64 is a float
+        return obj.item()
+    if obj is None or isinstance(obj, bool | int | float | complex | str | bytes | torch.Tensor):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, dict):
+        return {plain_data(k): plain_data(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain_data(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(plain_data(v) for v in obj)
+    raise TypeError(f"a checkpoint holds tensors and plain data only, not {type(obj).__name__}")
+
+
+#: What older checkpoints may hold besides tensors and plain data: numpy arrays and scalars
+#: (their reconstruction only allocates an array from raw bytes and a dtype; nothing in these
+#: names calls code). Read under :func:`torch.serialization.safe_globals`, nothing else is.
+def _numpy_safe_globals() -> list[Any]:
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # pragma: no cover - numpy < 2
+        from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
+    dtypes = [type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
+
+
+def load_torch_safe(path: Path, *, fix: str) -> Any:
+    """``torch.load(path, weights_only=True)`` (tensors, dicts, lists, tuples, numbers, strings,
+    bytes; numpy arrays and scalars of earlier privdl versions' files): a file whose pickle
+    names anything else (a crafted file that would run code) is refused with one line, and
+    nothing in it is executed. ``fix`` ends the message (what the user can do)."""
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc):  # it names a class or function: not tensors and data
+            raise PrivdlError(
+                f"{path} holds objects other than tensors and plain data (not a privdl "
+                f"checkpoint, or a crafted one); it was not loaded: {fix}"
+            ) from None
+        raise PrivdlError(f"{path} is corrupt (UnpicklingError); {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file: one clear line
+        raise PrivdlError(f"{path} is corrupt ({type(exc).__name__}); {fix}") from None
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +153,7 @@ class RunRecords:
 
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        check_out_dir(self.dir)
         if self.dir.exists() and not self.dir.is_dir():
             raise PrivdlError(f"{self.dir} is a file, not a run directory")
 
@@ -202,20 +265,16 @@ class RunRecords:
         return rows, bad
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        save_torch_atomic(self.checkpoint_path, state)
+        """Save ``state`` as tensors and plain data only (:func:`plain_data`), so that
+        :meth:`load_checkpoint` reads it back with torch's weights-only unpickler."""
+        save_torch_atomic(self.checkpoint_path, plain_data(state))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        import torch
-
+        """The checkpoint, read with torch's weights-only unpickler (:func:`load_torch_safe`):
+        nothing in a run directory can run code here, whoever wrote it."""
         if not self.checkpoint_path.exists():
             return None
-        try:
-            ckpt = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: one clear line
-            raise PrivdlError(
-                f"{self.checkpoint_path} is corrupt ({type(exc).__name__}); delete it to restart "
-                "the run from step 0"
-            ) from None
+        ckpt = load_torch_safe(self.checkpoint_path, fix="delete it to restart the run from step 0")
         if not isinstance(ckpt, dict) or "t" not in ckpt:
             raise PrivdlError(
                 f"{self.checkpoint_path} is not a privdl checkpoint; delete it to restart the run "
@@ -235,8 +294,36 @@ class RunRecords:
         return summary
 
 
+#: POSIX limits on a path (Linux's NAME_MAX and PATH_MAX, in bytes): checked before anything is
+#: made, so that ``mkdir -p`` does not create the parents of a path it then cannot finish.
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_out_dir(path: Path) -> None:
+    """Refuse, with one line, a directory path the file system cannot hold: a name longer than
+    :data:`NAME_MAX` bytes or a path (with the files privdl writes in it) of :data:`PATH_MAX`."""
+    raw = os.fsencode(path)
+    name = max(Path(path).parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise PrivdlError(
+            f"cannot use {_shorten(path)} as a directory: its name {_shorten(name)} is "
+            f"{len(os.fsencode(name))} bytes, more than the {NAME_MAX} a file system allows"
+        )
+    if len(raw) + 32 >= PATH_MAX:  # room for the files written inside (".metrics.jsonl.XXXX")
+        raise PrivdlError(
+            f"cannot use {_shorten(path)} as a directory: its path is {len(raw)} bytes, too "
+            f"long for the {PATH_MAX} a path may have; choose a shorter --out"
+        )
+
+
+def _shorten(path: str | Path, limit: int = 60) -> str:
+    text = str(path)
+    return repr(text if len(text) <= limit else f"{text[:28]}...{text[-28:]}")
+
+
 def make_dir(path: Path) -> None:
     """``mkdir -p`` with a one-line error for a path that cannot be a directory."""
+    check_out_dir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

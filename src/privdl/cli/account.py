@@ -32,8 +32,14 @@ from privdl.errors import PrivacyError
 from privdl.topology import parse_graph
 
 
-def _graph(spec: str) -> Any:
-    return parse_graph(spec).graph
+def _graph(spec: str, *, connected: str | None = None) -> Any:
+    """The graph of ``spec``; with ``connected`` (what needs it), a disconnected one is refused
+    (a DECOR deployment on it is no deployment: its components never mix, and the accountant's
+    answer for it would describe no run privdl makes)."""
+    topo = parse_graph(spec)
+    if connected is not None:
+        topo.require_connected(connected)
+    return topo.graph
 
 
 #: Who the DP-SGD mechanism is private against: it only names the label (the arithmetic is
@@ -208,7 +214,7 @@ def account_decor_cmd(
     _positive("--sigma-cor", sigma_cor, allow_zero=True)
     _positive("--clip", clip)
     check_curve_out(curve_out)
-    graph = _graph(graph_spec)
+    graph = _graph(graph_spec, connected="DECOR accounting")
     settings: dict[str, Any] = dict(
         sigma_cdp=sigma_cdp,
         sigma_cor=sigma_cor,
@@ -360,7 +366,7 @@ def calibrate_decor_cmd(
         _positive("--sigma-cdp", sigma_cdp)
     _positive("--epsilon", epsilon)
     _positive("--clip", clip)
-    graph = _graph(graph_spec)
+    graph = _graph(graph_spec, connected="DECOR accounting")
     result, warns = _run_with_warnings(
         lambda: calibrate_sigma_cor(
             graph,

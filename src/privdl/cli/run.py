@@ -19,7 +19,14 @@ import click
 from privdl import loop  # loop.train / loop.resume looked up at call time (patchable)
 from privdl.config import CommonConfig, load_config_file
 from privdl.errors import ConfigError
-from privdl.records import SEEDS_PLAN, make_dir, read_seeds_plan, seed_run_dirs, write_seeds_plan
+from privdl.records import (
+    SEEDS_PLAN,
+    check_out_dir,
+    make_dir,
+    read_seeds_plan,
+    seed_run_dirs,
+    write_seeds_plan,
+)
 from privdl.registry import algorithms, config_fields, make_config
 
 
@@ -151,16 +158,18 @@ def _run(
             loop.resume(d, progress=progress)
         _print_repeats(dirs, parent)
         return
+    seed_list = None if seeds is None else parse_seeds(seeds)  # before any other work
     values = command_line_values(config_file, algorithm, flags, sets)
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
-    if seeds is None:
+    check_out_dir(out_dir)
+    if seed_list is None:
         summary = loop.train(cfg, out_dir, progress=progress, overwrite=overwrite)
         _print_summary(summary, out_dir)
         return
     if "seed" in values:
         raise ConfigError("give --seed or --seeds, not both")
-    seed_list = parse_seeds(seeds)
+    check_out_dir(out_dir / f"seed-{max(seed_list)}")  # the longest path it will make
     if (out_dir / SEEDS_PLAN).exists() and not overwrite:
         raise ConfigError(
             f"{out_dir} already holds a --seeds sweep; use --resume {out_dir} to continue it, "
@@ -246,19 +255,37 @@ def refuse_options_with_resume(
         )
 
 
+#: The most seeds one ``--seeds`` sweep may name: each is a full run (and a directory), so a
+#: larger sweep is a typo (``0-10000000``); it is refused before anything is written.
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``1,2,3`` or ``1-5`` (or a mix, ``1-3,7``) into distinct seeds, in order."""
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, dash, hi = part.strip().partition("-")
-            span = range(int(lo), int(hi) + 1) if dash else [int(lo)]
-            seeds.extend(s for s in span if s not in seeds)
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected e.g. 1,2,3 or 1-5") from None
+    """``1,2,3`` or ``1-5`` (or a mix, ``1-3,7``) into distinct seeds, in order; at most
+    :data:`MAX_SEEDS` (a range is counted before it is expanded)."""
+    seeds: dict[int, None] = {}  # ordered and O(1) membership
+    named = 0
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise ConfigError(f"--seeds {_short(text)}: expected e.g. 1,2,3 or 1-5") from None
+        named += max(0, last - first + 1)
+        if named > MAX_SEEDS:
+            raise ConfigError(
+                f"--seeds {_short(text)} names more than {MAX_SEEDS} seeds (each is a full "
+                f"run); at most {MAX_SEEDS} per sweep"
+            )
+        seeds.update(dict.fromkeys(range(first, last + 1)))
     if not seeds or any(s < 0 for s in seeds):
-        raise ConfigError(f"--seeds {text!r}: expected non-negative seeds, e.g. 1,2,3 or 1-5")
-    return seeds
+        raise ConfigError(f"--seeds {_short(text)}: expected non-negative seeds, e.g. 1,2,3 or 1-5")
+    return list(seeds)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` quoted, cut to ``limit`` characters (an error line stays one short line)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _print_repeats(dirs: list[Path], out_dir: Path) -> None:

@@ -26,10 +26,10 @@ from privdl.algorithms.aggregators import RobustHDP, build_aggregator, two_means
 from privdl.algorithms.federated import evaluate_clients, split_train_test
 from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
-from privdl.errors import ConfigError, DataError
+from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.models import build_model
-from privdl.records import save_torch_atomic, write_json_atomic
+from privdl.records import load_torch_safe, plain_data, save_torch_atomic, write_json_atomic
 from privdl.robust import RPCANotConvergedWarning
 from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
 from privdl.robust.trainer import FederatedConfig, FederatedDPSGD
@@ -182,15 +182,13 @@ def _save_checkpoint(path: Path, key, state, aggregator, last_weights) -> None:
         "aggregator": aggregator.state_dict(),
         "last_weights": last_weights.cpu(),
     }
-    save_torch_atomic(path, blob)
+    save_torch_atomic(path, plain_data(blob))
 
 
 def _load_checkpoint(path: Path, key, state, aggregator, dev: torch.device):
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
-        raise DataError(f"cannot read checkpoint {path}: {exc}") from None
-    if blob.get("key") != key:
+    # weights-only (nothing in the file runs code); a truncated, foreign or crafted file: one line
+    blob = load_torch_safe(path, fix="delete it to run the cell afresh")
+    if not isinstance(blob, dict) or blob.get("key") != key:
         raise ConfigError(
             f"checkpoint {path} was made with other settings; use another --out for a new run"
         )
