@@ -87,7 +87,7 @@ def test_robust_hdp_own_clients(tmp_path):
     for algorithm in ("robust-hdp", "dpfedavg"):
         m = re.search(
             rf"^{algorithm}: test accuracy of result\.model {NUMBER}; epsilon {NUMBER} "
-            r"\(largest client's; accountant rdp, delta 1e-05, unit example, threat model server\)",
+            r"\(largest client's; accountant pld, delta 1e-05, unit example, threat model server\)",
             out,
             re.M,
         )

@@ -7,7 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from privdl.accounting.dpsgd import dpsgd_budget
+from privdl.accounting.dpsgd import (
+    calibrate_noise_multipliers,
+    dpsgd_budget,
+    epsilons_from_curves,
+    poisson_rdp_curves,
+)
 from privdl.accounting.nominal import robust_hdp_noise_multipliers
 from privdl.cli.main import main
 from privdl.errors import ConfigError
@@ -99,7 +104,8 @@ def test_federated_config_resolution_survives_a_round_trip():
 
 def test_weiavg_run_records_every_clients_budget(tmp_path):
     out = tmp_path / "weiavg"
-    summary = train(_cfg(steps=2, eval_every=1), out, progress=False)
+    # pinned to privdl 0.1's accounting (RDP); the default is test_new_run_is_tightest_...
+    summary = train(_cfg(steps=2, eval_every=1, accountant="rdp"), out, progress=False)
     rows = list(RunRecords(out).rows())
     assert [r["step"] for r in rows] == [0, 1, 2]
     eps = np.array([r["client_epsilons"] for r in rows])
@@ -135,6 +141,56 @@ def test_weiavg_run_records_every_clients_budget(tmp_path):
 
     assert privacy_text(priv).startswith(f"eps={priv['epsilon']:.3g} (largest client) (delta=")
     assert 0.6 < final["accuracy"] <= 1.0
+    # accountant rdp reproduces the old path exactly: the vectorised RDP calibration and curves
+    q = np.array([c["batch_size"] / c["num_samples"] for c in cal["clients"]])
+    steps = np.array([c["local_steps"] for c in cal["clients"]])
+    old_z = calibrate_noise_multipliers(
+        target_epsilons=BUDGETS, sampling_rates=q, steps=2 * steps, delta=1e-5
+    )
+    assert [c["noise_multiplier"] for c in cal["clients"]] == old_z.tolist()
+    assert cal["calibration"] == (
+        "z_i: smallest certified by dp-accounting RDP for eps_i over all rounds"
+    )
+    curves = poisson_rdp_curves(q, old_z)
+    for row in rows[1:]:
+        old = epsilons_from_curves(curves, row["step"] * steps, 1e-5)
+        assert row["client_epsilons"] == [round(float(e), 6) for e in old]
+        assert row["privacy"]["accountant"] == "rdp"
+
+
+def test_new_run_is_tightest_and_a_saved_run_without_the_field_resumes_with_rdp(tmp_path):
+    """A new federated run calibrates and accounts each client with the tightest certified
+    accountant (dp-accounting PLD here, RDP beside it in the notes); a run saved before the
+    choice existed (no ``accountant`` in config.json) gets privdl 0.1's RDP."""
+    import dp_accounting as dpa
+    from dp_accounting import pld as dpa_pld
+
+    cfg = _cfg(steps=1)
+    assert cfg.accountant == "tightest"
+    out = tmp_path / "tight"
+    summary = train(cfg, out, progress=False)
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cal["calibration"].startswith("z_i: smallest certified by the tightest accountant")
+    final = summary["final"]
+    for c, target in zip(cal["clients"], BUDGETS, strict=True):
+        z, q, t = c["noise_multiplier"], c["batch_size"] / c["num_samples"], c["local_steps"]
+        acc = dpa_pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        acc.compose(
+            dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), t)
+        )
+        direct = acc.get_epsilon(1e-5)
+        got = final["client_epsilons"][c["client"]]
+        assert direct * (1 - 1e-5) <= got <= target * (1 + 1e-6)  # rounded to 6 decimals
+        assert target * (1 - 2e-3) <= got
+        rdp_z = calibrate_noise_multipliers(
+            target_epsilons=[target], sampling_rates=[q], steps=[t], delta=1e-5
+        )[0]
+        assert z < rdp_z  # less noise for the same certified target
+        assert c["accounted"]["accountant"] == "pld" and "beside rdp" in c["accounted"]["notes"]
+    assert final["privacy"]["accountant"] == "pld"
+    saved = json.loads((out / "config.json").read_text())
+    saved.pop("accountant")
+    assert make_config(saved, saved=True).accountant == "rdp"
 
 
 def test_robust_hdp_resume_equals_an_uninterrupted_run(tmp_path):

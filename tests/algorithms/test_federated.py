@@ -448,8 +448,9 @@ def test_robust_hdp_reestimation_schedule() -> None:
 
 
 def test_default_calibration_is_the_accounted_one() -> None:
-    """The API's default delivers the targets as accounted (dp-accounting certifies eps_i over
-    all rounds, nothing nominal); the reference code's accountant is opt-in and nominal."""
+    """The API's default (the tightest certified accountant) delivers the targets as accounted
+    (certified for eps_i over all rounds, nothing nominal); the reference code's accountant is
+    opt-in and nominal."""
     kw = dict(batch_sizes=(8, 8, 16), lr=0.1, rounds=3, epsilons=(0.5, 2.0, 4.0))
     default = _trainer([40, 60, 80], FederatedConfig(**kw))[0]
     reference = _trainer([40, 60, 80], FederatedConfig(**kw, calibration="reference"))[0]
@@ -459,3 +460,19 @@ def test_default_calibration_is_the_accounted_one() -> None:
         assert eps * 0.97 <= mine["accounted"]["epsilon"] <= eps  # calibrated to the target
         assert mine["accounted"]["epsilon"] > ref["accounted"]["epsilon"]  # less noise, same eps
     assert np.all(default.noise_multipliers < reference.noise_multipliers)
+
+
+def test_federated_config_accountant_follows_the_calibration() -> None:
+    """Each client is accounted by the accountant that calibrated it (tightest by default; the
+    reference code's nominal z_i by the tightest certified one); a mismatch is refused."""
+    kw = dict(batch_sizes=(8,), lr=0.1, rounds=1, epsilons=(1.0,))
+    assert FederatedConfig(**kw).calibration == "tightest"
+    assert FederatedConfig(**kw).client_accountant == "tightest"
+    assert FederatedConfig(**kw, calibration="rdp").client_accountant == "rdp"
+    assert FederatedConfig(**kw, calibration="reference").client_accountant == "tightest"
+    ref_rdp = FederatedConfig(**kw, calibration="reference", accountant="rdp")
+    assert ref_rdp.client_accountant == "rdp"
+    with pytest.raises(ConfigError, match="calibration 'tightest' needs accountant 'tightest'"):
+        FederatedConfig(**kw, accountant="rdp")
+    with pytest.raises(ConfigError, match="calibration must be one of"):
+        FederatedConfig(**kw, calibration="pld")  # type: ignore[arg-type]

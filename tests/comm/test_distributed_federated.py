@@ -77,9 +77,9 @@ def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, cap
     assert cli_main(["launch", "--nproc", "2", *FLAGS, "--out", str(out)]) == 0
     printed = capfd.readouterr().out  # printed by rank 0, a subprocess
     assert "(largest client)" in printed
-    # every client's epsilon with the label they share (dp-accounting RDP against the server)
+    # every client's epsilon with the label they share (the tightest: dp-accounting PLD)
     assert "clients' epsilons (each client's, delta=" in printed
-    assert ", rdp, server, example-level, add_remove): 1, 2, " in printed
+    assert ", pld, server, example-level, add_remove): 1, 2, " in printed
     _assert_rows_close(_rows(out), _rows(single))
     a, b = _params(out), _params(single)
     for k in b:

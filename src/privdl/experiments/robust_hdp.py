@@ -333,17 +333,22 @@ def train_and_evaluate(
         out["max_accounted_over_target"] = max(
             b["accounted"]["epsilon"] / b["nominal"]["epsilon"] for b in budgets
         )
+        # the certifying accountant (the default, tightest: pld, or rdp where it is smaller);
+        # cells made before it was recorded were accounted by RDP alone
+        out["accountant"] = sorted({b["accounted"]["accountant"] for b in budgets})
     return out
 
 
 def _privacy_note(results: dict[str, dict[Any, dict[str, Any]]]) -> str:
     """What the Dist budgets mean: nominal per-client targets, and what is certified."""
-    ratios = [
-        r["max_accounted_over_target"]
+    cells = [
+        r
         for per_dist in results.values()
         for r in per_dist.values()
         if r.get("max_accounted_over_target") is not None
     ]
+    ratios = [r["max_accounted_over_target"] for r in cells]
+    labels = sorted({a for r in cells for a in r.get("accountant", ["rdp"])})
     certified = (
         f"at most {max(ratios):.3f} x eps_i for every client in the cells run"
         if ratios
@@ -352,9 +357,11 @@ def _privacy_note(results: dict[str, dict[Any, dict[str, Any]]]) -> str:
     return (
         f"Privacy: client i's eps_i (its Dist's list; delta = {FederatedConfig.delta:g}) sets its "
         "noise multiplier z_i by the reference code's accountant, so eps_i is NOMINAL (that "
-        "accountant's claim). What dp-accounting's RDP accountant certifies for z_i over the "
-        "rounds the client took part in (Poisson q_i = b_i / N_i, add/remove, example level, "
-        f"threat model server: the untrusted server sees every update): {certified}."
+        "accountant's claim). What privdl's accountant certifies for z_i over the rounds the "
+        "client took part in (the tightest certified by default: the smaller of dp-accounting's "
+        "PLD and RDP; Poisson q_i = b_i / N_i, add/remove, example level, threat model server: "
+        f"the untrusted server sees every update; accountant {', '.join(labels) or 'none'}): "
+        f"{certified}."
     )
 
 

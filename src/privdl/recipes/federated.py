@@ -10,13 +10,17 @@ minEps, or non-private FedAvg).
   part. The server model is evaluated on the dataset's test split (``accuracy``) and on the first
   20,000 training samples (``loss``), as a Flower server would; the paper's metric (the mean of
   each client's accuracy on its own held-out 20%) is the reproductions'.
-* Privacy: client ``i``'s noise multiplier ``z_i`` is the smallest that dp-accounting's RDP
-  accountant certifies for ``eps_i`` over all rounds (Poisson rate ``b_i/N_i``,
-  ``E_i = K ceil(N_i/b_i)`` local steps a round, add/remove, example-level, against the server);
-  ``calibration.json`` lists every client's ``z_i`` beside the reference code's ``z_i`` for the
-  same target (labelled nominal). Each metrics row carries the largest epsilon any client has
-  spent so far (``privacy``) and every client's (``client_epsilons``), counting only the rounds
-  it took part in.
+* Privacy: client ``i``'s noise multiplier ``z_i`` is the smallest that the run's accountant
+  certifies for ``eps_i`` over all rounds (Poisson rate ``b_i/N_i``, ``E_i = K ceil(N_i/b_i)``
+  local steps a round, Algorithm 1 / Eq. 1; add/remove, example-level, against the server). The
+  accountant is the run's ``accountant``: ``tightest`` (default: the smaller of dp-accounting's
+  PLD and RDP, labelled with the one that won) or ``rdp`` (privdl 0.1's, and what a run saved
+  before the choice existed resumes with), as in the gossip family
+  (:func:`privdl.privacy.accountant_of`); each client is accounted by the accountant that
+  calibrated it. ``calibration.json`` lists every client's ``z_i`` beside the reference code's
+  ``z_i`` for the same target (labelled nominal). Each metrics row carries the largest epsilon
+  any client has spent so far (``privacy``) and every client's (``client_epsilons``), counting
+  only the rounds it took part in.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from privdl.algorithms.aggregators import build_aggregator
 from privdl.algorithms.federated import ClientData, FederatedRounds, FederatedState
 from privdl.config import CommonConfig
 from privdl.errors import ConfigError
-from privdl.privacy import target_delta
+from privdl.privacy import accountant_of, target_delta
 from privdl.recipes.base import Recipe, Run
 from privdl.robust import RPCANotConvergedWarning
 from privdl.robust.table3 import BATCH_SIZES_20, EPS_LISTS_20
@@ -50,6 +54,13 @@ __all__ = [
     "ServerTopology",
     "federated_clients",
 ]
+
+#: What ``calibration.json`` says of the clients' z_i, by the run's accountant.
+_CALIBRATION_TEXT = {
+    "tightest": "z_i: smallest certified by the tightest accountant (the smaller of "
+    "dp-accounting's PLD, pessimistic discretisation, and RDP) for eps_i over all rounds",
+    "rdp": "z_i: smallest certified by dp-accounting RDP for eps_i over all rounds",
+}
 
 #: What a federated run records in place of a graph.
 FEDERATED_GRAPH = "server"
@@ -248,7 +259,8 @@ class FederatedRecipe(Recipe):
     def _aggregator_options(self, cfg: Any) -> dict[str, Any]:
         return {"reestimate_every": cfg.reestimate_every} if self.estimates_noise else {}
 
-    def _config(self, cfg: Any, *, loss: str, calibration: str = "rdp") -> FederatedConfig:
+    def _config(self, cfg: Any, *, loss: str, calibration: str | None = None) -> FederatedConfig:
+        """The trainer's config; ``calibration`` defaults to the run's accountant."""
         n, eps, batch_sizes = federated_clients(cfg)
         return FederatedConfig(
             batch_sizes=tuple(batch_sizes),
@@ -260,11 +272,12 @@ class FederatedRecipe(Recipe):
             local_epochs=cfg.local_epochs,
             clients_per_round=cfg.clients_per_round,
             loss=loss,
-            calibration=calibration,  # type: ignore[arg-type]
+            calibration=calibration or accountant_of(cfg),  # type: ignore[arg-type]
+            accountant=accountant_of(cfg),  # type: ignore[arg-type]
         )
 
     def algorithm(self, cfg: Any, topology: Any, task: Any) -> FederatedRounds:
-        """The rounds with every client's ``z_i`` calibrated (dp-accounting's RDP)."""
+        """The rounds with every client's ``z_i`` calibrated by the run's accountant."""
         n, eps, batch_sizes = federated_clients(cfg)
         counts = task.data.counts.cpu().numpy()
         if eps is not None and np.any(np.asarray(batch_sizes) >= counts):
@@ -387,7 +400,7 @@ class FederatedRecipe(Recipe):
             )
         return {
             "delta": target_delta(run.cfg),
-            "calibration": "z_i: smallest certified by dp-accounting RDP for eps_i over all rounds",
+            "calibration": _CALIBRATION_TEXT[accountant_of(run.cfg)],
             "nominal": "noise_multiplier_nominal: the Robust-HDP code's accountant (classic "
             "conversion, 2-decimal z) for the same eps_i",
             "clients": clients,
@@ -411,6 +424,8 @@ def _client_accountant(run: Run) -> ClientAccountant | None:
                 delta=target_delta(run.cfg),
                 targets=targets,
                 reported=np.asarray(alg.reported_epsilons, float),
+                calibration=accountant_of(run.cfg),
+                accountant=accountant_of(run.cfg),
             )
         run.notes["client_accountant"] = acc
     return run.notes["client_accountant"]

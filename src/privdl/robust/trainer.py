@@ -18,7 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privdl.accounting.clients import ClientAccountant, client_noise_multipliers
+from privdl.accounting.clients import (
+    CLIENT_ACCOUNTANTS,
+    CLIENT_CALIBRATIONS,
+    ClientAccountant,
+    client_noise_multipliers,
+)
 from privdl.algorithms.aggregators import Aggregator
 from privdl.algorithms.base import Keys
 from privdl.algorithms.federated import ClientData, FederatedRounds, FederatedState
@@ -50,11 +55,17 @@ class FederatedConfig:
     the server is told (default: the true ones; the paper's Fig. 5 falsification). ``sampling="full"`` uses
     every local sample once per step (``b_i = N_i``; for oracles); ``"poisson"`` is DP-SGD's.
 
-    ``calibration`` chooses how ``z_i`` is found for ``eps_i``: ``"rdp"`` (the default) is the
-    smallest ``z_i`` that dp-accounting's RDP accountant certifies for ``eps_i`` over all ``E``
-    rounds (what ``privdl run`` uses); ``"reference"`` is the Robust-HDP code's accountant
-    (classic RDP conversion, its bisection, ``z_decimals`` rounding), whose ``eps_i`` is
-    NOMINAL (``nominal:robust-hdp-code``): the paper's setting, so the reproductions ask for it.
+    ``calibration`` chooses how ``z_i`` is found for ``eps_i``: ``"tightest"`` (the default,
+    what a new ``privdl run`` uses) is the smallest ``z_i`` whose tightest certified epsilon
+    (the smaller of dp-accounting's PLD and RDP) over all ``E`` rounds is at most ``eps_i``;
+    ``"rdp"`` the smallest dp-accounting's RDP accountant certifies (privdl 0.1's, what
+    ``accountant: rdp`` and saved runs without that field use); ``"reference"`` is the
+    Robust-HDP code's accountant (classic RDP conversion, its bisection, ``z_decimals``
+    rounding), whose ``eps_i`` is NOMINAL (``nominal:robust-hdp-code``): the paper's setting,
+    so the reproductions ask for it. ``accountant`` (``"tightest"`` or ``"rdp"``; default: the
+    one that calibrated, ``tightest`` for ``"reference"``) certifies each client's spent budget
+    (:class:`~privdl.accounting.clients.ClientAccountant`); a ``z_i`` is never accounted by
+    another accountant than the one that calibrated it.
     """
 
     batch_sizes: tuple[int, ...]
@@ -69,7 +80,8 @@ class FederatedConfig:
     sampling: Literal["poisson", "full"] = "poisson"
     z_decimals: int | None = 2
     loss: str = "cross_entropy"
-    calibration: Literal["reference", "rdp"] = "rdp"
+    calibration: Literal["tightest", "rdp", "reference"] = "tightest"
+    accountant: Literal["tightest", "rdp"] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.batch_sizes)
@@ -91,8 +103,30 @@ class FederatedConfig:
             raise ConfigError(f"sampling must be poisson or full, got {self.sampling!r}")
         if self.epsilons is not None and self.sampling != "poisson":
             raise PrivacyError("private runs need Poisson sampling (what the accountant assumes)")
-        if self.calibration not in ("reference", "rdp"):
-            raise ConfigError(f"calibration must be reference or rdp, got {self.calibration!r}")
+        if self.calibration not in CLIENT_CALIBRATIONS:
+            raise ConfigError(
+                f"calibration must be one of {', '.join(CLIENT_CALIBRATIONS)}, "
+                f"got {self.calibration!r}"
+            )
+        if self.accountant is not None and self.accountant not in CLIENT_ACCOUNTANTS:
+            raise ConfigError(
+                f"accountant must be one of {', '.join(CLIENT_ACCOUNTANTS)}, got {self.accountant!r}"
+            )
+        if self.calibration != "reference" and self.calibration != self.client_accountant:
+            # a z_i calibrated by one accountant and accounted by a looser one would be
+            # recorded above its target: each client is accounted as it was calibrated
+            raise ConfigError(
+                f"calibration {self.calibration!r} needs accountant {self.calibration!r} "
+                f"(got {self.accountant!r})"
+            )
+
+    @property
+    def client_accountant(self) -> str:
+        """The accountant that certifies each client's spent budget: ``accountant`` if given,
+        else the one that calibrated it (``tightest`` for the reference calibration)."""
+        if self.accountant is not None:
+            return self.accountant
+        return "tightest" if self.calibration == "reference" else self.calibration
 
     @property
     def private(self) -> bool:
@@ -132,7 +166,8 @@ class ClientPlan:
         )
 
     def accountant(self, config: FederatedConfig) -> ClientAccountant | None:
-        """Each client's accounted budget after the rounds it joined (None without privacy)."""
+        """Each client's accounted budget after the rounds it joined, by ``config.accountant``
+        (None without privacy)."""
         if not config.private or self.noise_epsilons is None:
             return None
         return ClientAccountant(
@@ -145,6 +180,7 @@ class ClientPlan:
             targets=self.noise_epsilons,
             reported=self.reported_epsilons,
             calibration=config.calibration,
+            accountant=config.client_accountant,
         )
 
 
