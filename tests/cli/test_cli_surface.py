@@ -212,3 +212,14 @@ def _values(argv: list[str]) -> dict:
     for flag, value in zip(argv[1::2], argv[2::2], strict=True):
         values[flag[2:].replace("-", "_")] = value
     return values
+
+
+def test_launch_resume_if_exists_refuses_another_run_before_starting_ranks(tmp_path, capsys):
+    out = tmp_path / "r"
+    loop.train(make_config({**_values(RUN), "algorithm": "decor"}), out, progress=False)
+    argv = ["launch", "--nproc", "2", *RUN, "--out", str(out), "--resume-if-exists"]
+    assert main([*argv, "--lr", "0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "other options (lr=0.1 (given 0.3))" in err and "rank" not in err
+    assert main([*argv, "--overwrite"]) == 2
+    assert "not both" in capsys.readouterr().err

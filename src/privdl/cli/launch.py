@@ -26,6 +26,7 @@ from privdl.cli.run import (
     _print_summary,
     command_line_values,
     given_values,
+    holds_run,
     refuse_options_with_resume,
     say_if_complete,
 )
@@ -204,7 +205,9 @@ def _launch(
     job["out"] = str(out_dir)
     job["progress"] = progress
     job["plugins"] = plugin_files()  # algorithms registered outside privdl: every rank imports
-    if (resume_dir or resume_if_exists) and os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0" and (
+        resume_dir or (resume_if_exists and holds_run(out_dir, job["resume_if_exists"]))
+    ):  # (another run in --out is refused here, before any rank starts)
         say_if_complete(out_dir)
     if _in_torchrun():
         worker_main(job)
