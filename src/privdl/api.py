@@ -49,7 +49,7 @@ from privdl.errors import ConfigError
 from privdl.loop import Trained, build_run, fit
 from privdl.models.base import StackedModel
 from privdl.models.export import average_module, node_modules
-from privdl.records import RunRecords, write_json_atomic
+from privdl.records import RunRecords, write_record
 from privdl.registry import make_config
 from privdl.tasks import UserObjects
 from privdl.tree import Tree
@@ -170,7 +170,7 @@ def _write_user(user: UserObjects | None) -> Any:
     def on_start(records: RunRecords, cfg: CommonConfig) -> None:
         if user is None:
             return
-        write_json_atomic(
+        write_record(
             records.dir / USER_FILE,
             {
                 "data_fingerprint": user.data.fingerprint if user.data is not None else None,

@@ -212,11 +212,14 @@ def run_worker(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: bool | None = None,
     stop_after: int | None = None,
+    resume_if_exists: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """This process's part of a distributed run (call on every rank); returns the summary.
 
     Joins the process group from the environment (``privdl launch`` or ``torchrun``). With
-    ``resume`` the config and checkpoint are read from ``out_dir`` by rank 0 and broadcast.
+    ``resume`` the config and checkpoint are read from ``out_dir`` by rank 0 and broadcast;
+    ``resume_if_exists`` (the values the command line gave): rank 0 resumes the run in
+    ``out_dir`` if it holds one started with them, else starts ``cfg``.
     """
     if cfg is not None and not isinstance(cfg, CommonConfig):
         cfg = make_config(cfg)
@@ -224,7 +227,7 @@ def run_worker(
     world = DistributedWorld(device=device, timeout_s=timeout_s)
     return fit(
         cfg, out_dir, resume=resume, world=world, progress=progress, overwrite=overwrite,
-        stop_after=stop_after,
+        stop_after=stop_after, resume_if_exists=resume_if_exists,
     ).summary  # fmt: skip
 
 
@@ -241,6 +244,7 @@ def worker_main(job: dict[str, Any]) -> int:
             overwrite=bool(job.get("overwrite")),
             timeout_s=float(job.get("timeout", DEFAULT_TIMEOUT_S)),
             progress=job.get("progress"),
+            resume_if_exists=job.get("resume_if_exists"),
         )
     except ReportedError:
         os._exit(2)

@@ -19,15 +19,18 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 from privdl.algorithms.base import Keys
 from privdl.comm.base import Communicator
@@ -35,7 +38,7 @@ from privdl.comm.local import LocalCommunicator
 from privdl.config import CommonConfig
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.recipes.base import KEY_FIELDS, Recipe, Run
-from privdl.records import RunRecords, write_json_atomic
+from privdl.records import RunRecords, write_record
 from privdl.registry import make_config, recipe_for
 
 __all__ = [
@@ -176,16 +179,85 @@ def set_keys(run: Run, keys: Keys) -> None:
 
 
 # -- the loop -------------------------------------------------------------------------------
-def _progress(enabled: bool) -> Progress:
-    return Progress(
+#: Seconds between the short progress lines of a run whose stderr is not a terminal (a log
+#: file, a batch job); ``PRIVDL_PROGRESS_EVERY`` in the environment overrides it.
+PROGRESS_EVERY_S = 30.0
+
+
+class _TwoLineProgress(Progress):
+    """The bar on one line and the latest metrics folded below it: at 80 columns a one-line
+    table squeezed the metrics to "..." (issue 32)."""
+
+    def get_renderables(self) -> Iterator[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            info = task.fields.get("info")
+            if info:
+                yield Text(f"  {info}", overflow="fold")
+
+
+def _progress(enabled: bool, *, console: Any = None) -> Progress:
+    return _TwoLineProgress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=30),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
         disable=not enabled,
         transient=False,
+        console=console or Console(stderr=True),  # where the check for a terminal looked
     )
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class _ProgressLines:
+    """A short line on stderr every ``every`` seconds (from a thread, so a long step or
+    evaluation still reports): step, share done, elapsed, an estimate of what is left and the
+    latest metrics. For runs whose stderr is not a terminal, where a bar is unreadable."""
+
+    def __init__(self, label: str, total: int, start: int, every: float) -> None:
+        self.label, self.total, self.start, self.every = label, total, start, every
+        self.t, self.info = start, ""
+        self._began = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="privdl-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self._began
+        t, total = self.t, max(self.total, 1)
+        text = f"{self.label}: step {t}/{self.total} ({100 * t / total:.0f}%), {_clock(elapsed)}"
+        if t > self.start:
+            text += f", ~{_clock(elapsed * (self.total - t) / (t - self.start))} left"
+        return text + (f"; {self.info}" if self.info else "")
+
+    def __enter__(self) -> _ProgressLines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _progress_every() -> float:
+    text = os.environ.get("PRIVDL_PROGRESS_EVERY")
+    try:
+        every = float(text) if text else PROGRESS_EVERY_S
+    except ValueError:
+        every = PROGRESS_EVERY_S
+    return every if every > 0 and math.isfinite(every) else PROGRESS_EVERY_S
+
+
+@contextmanager
+def _no_lines() -> Iterator[None]:
+    yield None
 
 
 def short_info(row: dict[str, Any]) -> str:
@@ -248,7 +320,10 @@ def run_loop(
     """
     cfg = run.cfg
     writer = records is not None
-    enabled = writer and (sys.stderr.isatty() if options.progress is None else options.progress)
+    tty = sys.stderr.isatty()
+    enabled = writer and (tty if options.progress is None else options.progress)
+    # not a terminal and not asked either way: a short line every PROGRESS_EVERY_S instead
+    lines_wanted = writer and options.progress is None and not tty
     have = {r.get("step") for r in records.rows()} if records is not None else set()
     start_wall = time.perf_counter() - t0_wall
     kill = world.fault_step()
@@ -260,7 +335,8 @@ def run_loop(
             _call(options.callbacks, "on_evaluate", row)
     last_row, evaluated = None, False
     label = cfg.algorithm + (f" x{world.size}" if world.size > 1 else "")
-    with _progress(enabled) as prog:
+    ticker = _ProgressLines(label, cfg.steps, state.t, _progress_every()) if lines_wanted else None
+    with _progress(enabled) as prog, ticker or _no_lines():
         bar = prog.add_task(label, total=cfg.steps, completed=state.t, info="")
         while state.t < cfg.steps:
             if kill is not None and state.t == kill:
@@ -268,6 +344,8 @@ def run_loop(
             state = run.advance(state)
             t = state.t
             prog.advance(bar)
+            if ticker is not None:
+                ticker.t = t
             if t % cfg.eval_every == 0 or t == cfg.steps:
                 evaluated = True
                 row, ckpt = run.evaluate(state, time.perf_counter() - start_wall)
@@ -282,6 +360,8 @@ def run_loop(
                         _call(options.callbacks, "on_evaluate", row)
                     last_row, stop = row, bool(row.get("diverged"))
                     prog.update(bar, info=short_info(row))
+                    if ticker is not None:
+                        ticker.info = short_info(row)
                 if world.broadcast(stop):
                     break
             if options.stop_after is not None and t >= options.stop_after:
@@ -313,17 +393,30 @@ def finish_run(
     cal = records.dir / CALIBRATION_FILE
     if cal.is_file():
         summary["calibration"] = json.loads(cal.read_text())
-    records.finish(summary)
-    return summary
+    return records.finish(summary)
 
 
 def write_calibration(records: RunRecords, record: dict[str, Any] | None) -> None:
     """Save the accounted and nominal noise levels of a calibrated run (``calibration.json``)."""
     path = records.dir / CALIBRATION_FILE
     if record is not None:
-        write_json_atomic(path, record)
+        write_record(path, record)
     elif path.exists():  # an overwritten earlier run's
         path.unlink()
+
+
+def check_same_run(saved: dict[str, Any], given: dict[str, Any], out_dir: Path) -> None:
+    """Refuse to resume a run (``--resume-if-exists``) whose saved config differs from the
+    values a command line gives; keys it leaves out keep the saved run's (calibrated noise,
+    defaults)."""
+    saved_cfg = make_config(saved, saved=True).model_dump()
+    differ = [k for k, v in given.items() if saved_cfg.get(k) != v]
+    if differ:
+        shown = ", ".join(f"{k}={saved_cfg.get(k)!r} (given {given[k]!r})" for k in differ[:3])
+        raise ConfigError(
+            f"{out_dir} holds a run started with other options ({shown}); "
+            "--resume-if-exists resumes only the same run: choose another --out, or --overwrite"
+        )
 
 
 # -- keys of key_source = "os" runs -----------------------------------------------------------
@@ -381,9 +474,14 @@ def fit(
     user: Any = None,
     extra: dict[str, Any] | None = None,
     on_start: Callable[[RunRecords, CommonConfig], None] | None = None,
+    resume_if_exists: dict[str, Any] | None = None,
 ) -> Trained:
     """Train ``cfg`` into ``out_dir`` (or, with ``resume``, continue the run there) on this
     process of ``world``; every process of a multi-process run calls it.
+
+    ``resume_if_exists``: the config values a command line gave; rank 0 resumes the run in
+    ``out_dir`` if it holds one (that recorded a metrics row) started with those values, and
+    starts ``cfg`` otherwise (``--resume-if-exists``: the same command starts or continues).
 
     Rank 0 holds the run directory's lock, validates and calibrates (bad input fails before
     ``out_dir`` is made), writes the records and decides; the other processes get its config,
@@ -399,6 +497,9 @@ def fit(
         done: dict[str, Any] | None = None
         if world.is_writer:
             try:
+                if resume_if_exists is not None and records.metrics_path.exists():
+                    check_same_run(records.config(), resume_if_exists, records.dir)
+                    resume = True
                 if resume:
                     saved = records.config()  # refuses a directory that holds no run
                     held.enter_context(records.exclusive())

@@ -5,9 +5,16 @@ Layout of a run directory::
     .lock             held (flock) by the one process writing the run; a second is refused
     config.json       the resolved configuration
     environment.json  package versions, device, threads, platform
+    calibration.json  the calibrated noise levels (accounted and nominal), when calibrated
     metrics.jsonl     one JSON object per evaluation, appended (never rewritten)
     checkpoint.pt     the latest state (written atomically before its metrics line)
     summary.json      written last, atomically: its presence means the run completed
+
+Every JSON file and every metrics row carries ``schema_version`` (:data:`SCHEMA_VERSION`) and
+``timestamp`` (when it was written, UTC ISO 8601); non-finite numbers are JSON ``null``. Files
+written before schema version 2 have neither field and hold ``"nan"``/``"inf"`` strings: they
+are read as they are (rows are never rewritten) and :meth:`RunRecords.read_rows` gives those
+strings as ``None``, as a version-2 file has them. docs/records.md has the schemas.
 
 Reports are made from these files, never from live training.
 """
@@ -23,21 +30,55 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from privdl.errors import PrivdlError
 
+#: Version of the record formats (docs/records.md). 1: before the field existed (non-finite
+#: numbers as strings, no timestamps); 2: ``null`` for non-finite numbers, ``schema_version``
+#: and ``timestamp`` in every JSON file and metrics row.
+SCHEMA_VERSION = 2
+#: The fields every record carries besides its content (stripped where the content is read
+#: back as a configuration).
+RECORD_FIELDS = ("schema_version", "timestamp")
+#: How schema version 1 wrote non-finite floats (``str(float)``).
+_LEGACY_NONFINITE = frozenset({"nan", "inf", "-inf"})
+
+
+def utc_timestamp() -> str:
+    """Now, as UTC ISO 8601 with milliseconds (``2025-01-31T12:00:00.123+00:00``)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def stamped(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with the record fields (:data:`RECORD_FIELDS`) first."""
+    return {"schema_version": SCHEMA_VERSION, "timestamp": utc_timestamp(), **obj}
+
 
 def _clean(obj: Any) -> Any:
-    """JSON-safe copy: non-finite floats become strings ("nan", "inf")."""
+    """JSON-safe copy: non-finite floats become ``None`` (JSON null; schema version 1 wrote
+    the strings "nan", "inf")."""
     if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
+        return None
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_clean(v) for v in obj]
+    return obj
+
+
+def nonfinite_as_null(obj: Any) -> Any:
+    """A record read back with schema version 1's non-finite strings ("nan", "inf", "-inf")
+    as ``None``, as version 2 writes them (for tools reading old and new runs alike)."""
+    if isinstance(obj, str) and obj in _LEGACY_NONFINITE:
+        return None
+    if isinstance(obj, dict):
+        return {k: nonfinite_as_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [nonfinite_as_null(v) for v in obj]
     return obj
 
 
@@ -114,13 +155,19 @@ def load_torch_safe(path: Path, *, fix: str) -> Any:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename (never half-written)."""
+    """Write JSON to ``path`` through a temporary file and a rename (never half-written);
+    non-finite numbers become null."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         json.dump(_clean(obj), f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def write_record(path: Path, obj: dict[str, Any]) -> None:
+    """A record file: ``obj`` with ``schema_version`` and ``timestamp``, written atomically."""
+    write_json_atomic(path, stamped(obj))
 
 
 def environment() -> dict[str, Any]:
@@ -209,8 +256,8 @@ class RunRecords:
             if p.exists():
                 p.unlink()
         shutil.rmtree(self.dir / "keys", ignore_errors=True)  # an earlier run's rank key files
-        write_json_atomic(self.dir / "config.json", config)
-        write_json_atomic(self.dir / "environment.json", environment())
+        write_record(self.dir / "config.json", config)
+        write_record(self.dir / "environment.json", environment())
 
     def config(self) -> dict[str, Any]:
         p = self.dir / "config.json"
@@ -219,18 +266,21 @@ class RunRecords:
         values = _read_json(p)
         if not isinstance(values, dict):
             raise PrivdlError(f"{p} is corrupt (not a JSON object); the run cannot be resumed")
+        for key in RECORD_FIELDS:  # the file's, not the configuration's
+            values.pop(key, None)
         # runs saved before the field existed drew ChaCha20 streams: resume them with those
         values.setdefault("noise_backend", "chacha20")
         return values
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one metrics row (one line of JSON) and flush it to disk.
+        """Append one metrics row (one line of JSON, with ``schema_version`` and ``timestamp``)
+        and flush it to disk.
 
         A torn last line (a crash mid-write) is closed with a newline first, so the new row
         stays a line of its own instead of being glued onto the fragment.
         """
         with self.metrics_path.open("a+b") as f:
-            line = json.dumps(_clean(row), sort_keys=True) + "\n"
+            line = json.dumps(_clean(stamped(row)), sort_keys=True) + "\n"
             if f.tell() > 0:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
@@ -245,7 +295,8 @@ class RunRecords:
 
     def read_rows(self) -> tuple[list[dict[str, Any]], int]:
         """The metrics rows (JSON objects with an integer ``step``) and how many non-blank lines
-        were not such rows (a torn last line, or a corrupted file)."""
+        were not such rows (a torn last line, or a corrupted file). Non-finite numbers are
+        ``None`` whichever schema version wrote them."""
         if not self.metrics_path.exists():
             return [], 0
         rows, bad = [], 0
@@ -259,7 +310,7 @@ class RunRecords:
                 row = None
             step = row.get("step") if isinstance(row, dict) else None
             if isinstance(step, int) and not isinstance(step, bool):
-                rows.append(row)
+                rows.append(nonfinite_as_null(row))
             else:
                 bad += 1
         return rows, bad
@@ -282,8 +333,11 @@ class RunRecords:
             )
         return ckpt
 
-    def finish(self, summary: dict[str, Any]) -> None:
-        write_json_atomic(self.summary_path, summary)
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write ``summary.json``; returns what was written (stamped, non-finite as None)."""
+        record = _clean(stamped(summary))
+        write_json_atomic(self.summary_path, record)
+        return dict(record)
 
     def summary(self) -> dict[str, Any] | None:
         if not self.summary_path.exists():
@@ -291,7 +345,7 @@ class RunRecords:
         summary = _read_json(self.summary_path)
         if not isinstance(summary, dict):
             raise PrivdlError(f"{self.summary_path} is corrupt (not a JSON object)")
-        return summary
+        return dict(nonfinite_as_null(summary))
 
 
 #: POSIX limits on a path (Linux's NAME_MAX and PATH_MAX, in bytes): checked before anything is
@@ -345,7 +399,7 @@ SEEDS_PLAN = "seeds.json"
 def write_seeds_plan(parent: Path, seeds: list[int], config: dict[str, Any]) -> None:
     """Record a ``--seeds`` sweep (its seeds and the config before ``seed`` is set), so that
     ``--resume`` also starts the seeds a cut-off sweep had not reached."""
-    write_json_atomic(parent / SEEDS_PLAN, {"seeds": list(seeds), "config": config})
+    write_record(parent / SEEDS_PLAN, {"seeds": list(seeds), "config": config})
 
 
 def read_seeds_plan(parent: str | Path) -> tuple[list[int], dict[str, Any]] | None:

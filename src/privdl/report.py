@@ -25,9 +25,12 @@ SEED_KEYS = ("seed", "data_seed")
 #: Column names of the metrics: ``loss`` is the training objective at the average model and
 #: ``accuracy`` its test accuracy (privdl.tasks).
 HEADERS = {"loss": "train loss", "accuracy": "test accuracy", "optimality_gap": "optimality gap",
-           "consensus_distance": "consensus distance"}  # fmt: skip
-#: Metrics plotted against the step when present, in this order.
-PLOT_METRICS = ("loss", "accuracy", "optimality_gap", "loss_gap", "consensus_distance")
+           "consensus_distance": "consensus distance", "epsilon": "epsilon spent"}  # fmt: skip
+#: The file ``report --csv`` writes into the report's directory.
+CSV_FILE = "metrics.csv"
+#: Metrics plotted against the step when present, in this order (``epsilon``: the privacy
+#: spent, from each row's privacy record).
+PLOT_METRICS = ("loss", "accuracy", "optimality_gap", "loss_gap", "consensus_distance", "epsilon")
 LOG_SCALE = {"loss_gap", "optimality_gap", "consensus_distance"}
 
 
@@ -111,7 +114,8 @@ def privacy_text(priv: dict[str, Any] | None) -> str:
     if not priv:
         return "non-private"
     eps = priv.get("epsilon")
-    eps_s = f"{eps:.3g}" if isinstance(eps, float) else str(eps)
+    # None: a non-finite epsilon (JSON null; records before schema version 2 wrote "inf")
+    eps_s = f"{eps:.3g}" if isinstance(eps, float) else "non-finite" if eps is None else str(eps)
     if str(priv.get("notes", "")).startswith("largest of the"):  # federated: per client
         eps_s = f"{eps_s} (largest client)"
     tag = " NOMINAL" if priv.get("nominal") else ""
@@ -258,10 +262,18 @@ def markdown_table(runs: list[dict[str, Any]], *, group: bool = True) -> str:
     return "\n".join(lines)
 
 
+def _value(row: dict[str, Any], metric: str) -> Any:
+    """``row[metric]``; ``epsilon`` is the privacy record's (None in a non-private row)."""
+    if metric == "epsilon":
+        return (row.get("privacy") or {}).get("epsilon")
+    return row.get(metric)
+
+
 def _curve(group: list[dict[str, Any]], metric: str) -> tuple[list, list, list]:
     """Steps every repeat has, with the mean and the sample std of ``metric`` over repeats."""
     per_run = [
-        {x["step"]: x[metric] for x in r["rows"] if isinstance(x.get(metric), float)} for r in group
+        {x["step"]: v for x in r["rows"] if isinstance(v := _value(x, metric), float)}
+        for r in group
     ]
     steps = sorted(set.intersection(*(set(p) for p in per_run)))
     stats = [_mean_std([p[t] for p in per_run]) for t in steps]
@@ -296,6 +308,8 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
                 ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("step")
         ax.set_ylabel(HEADERS.get(metric, metric.replace("_", " ")))
+        if metric == "epsilon":  # each run's accountant, delta and threat model: the legend's
+            ax.set_title(_epsilon_title(groups), fontsize=8)
         if metric in LOG_SCALE and any(y > 0 for s in series for y in s[2]):  # the means
             # a zero (the consensus distance at step 0: every node starts at one model) is
             # left out of a log axis rather than forcing a linear one
@@ -313,13 +327,71 @@ def plot_runs(runs: list[dict[str, Any]], out: Path, *, group: bool = True) -> l
     return paths
 
 
-def make_report(dirs: list[str | Path], out: str | Path, *, group: bool = True) -> Path:
+def _epsilon_title(groups: list[list[dict[str, Any]]]) -> str:
+    """The labels of the epsilons plotted (delta, accountant, threat model, unit; NOMINAL)."""
+    labels = []
+    for g in groups:
+        priv = _largest_budget([r["rows"][-1] for r in g])
+        if priv:
+            text = (
+                f"delta={priv.get('delta')}, {priv.get('accountant')}, "
+                f"{priv.get('threat_model')}, {priv.get('unit')}-level"
+                + (", NOMINAL" if priv.get("nominal") else "")
+            )
+            if text not in labels:
+                labels.append(text)
+    return "; ".join(labels)
+
+
+def flat_row(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A metrics row as flat columns: nested records joined with dots (``privacy.epsilon``),
+    lists indexed (``client_epsilons.0``)."""
+    out: dict[str, Any] = {}
+    items = row.items() if isinstance(row, dict) else enumerate(row)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, dict | list):
+            out.update(flat_row(value, f"{name}."))  # type: ignore[arg-type]
+        else:
+            out[name] = value
+    return out
+
+
+def write_csv(runs: list[dict[str, Any]], path: Path) -> Path:
+    """One CSV of every run's metrics rows (``run``: its directory, ``label``: the report's
+    label, then the flattened row); an empty cell is a value the row lacks or a non-finite
+    number (JSON null)."""
+    import csv
+
+    labels = distinct_labels([[r] for r in runs])
+    table = [
+        {"run": r["dir"], "label": label, **flat_row(row)}
+        for r, label in zip(runs, labels, strict=True)
+        for row in r["rows"]
+    ]
+    columns = dict.fromkeys(["run", "label", "step", "timestamp", "wall_time", "schema_version"])
+    for line in table:
+        columns.update(dict.fromkeys(line))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
+        writer.writeheader()
+        for line in table:
+            writer.writerow({k: "" if v is None else v for k, v in line.items()})
+    return path
+
+
+def make_report(
+    dirs: list[str | Path], out: str | Path, *, group: bool = True, csv: bool = False
+) -> Path:
     """Write ``report.md`` and PNG plots for the runs in ``dirs`` into ``out``; ``group`` merges
-    repeats that differ only in their seeds (mean ± std)."""
-    return write_report(load_runs(dirs), out, group=group)
+    repeats that differ only in their seeds (mean ± std); ``csv`` also writes every run's
+    metrics rows into ``out/metrics.csv``."""
+    return write_report(load_runs(dirs), out, group=group, csv=csv)
 
 
-def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = True) -> Path:
+def write_report(
+    runs: list[dict[str, Any]], out: str | Path, *, group: bool = True, csv: bool = False
+) -> Path:
     """:func:`make_report` for runs already loaded (:func:`load_runs`)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -329,6 +401,8 @@ def write_report(runs: list[dict[str, Any]], out: str | Path, *, group: bool = T
             f"report --out {str(out)!r} is a run's directory: write the report elsewhere"
         )
     make_dir(out)
+    if csv:
+        write_csv(runs, out / CSV_FILE)
     plots = plot_runs(runs, out, group=group)
     body = ["# privdl report", "", markdown_table(runs, group=group), ""]
     for p in plots:

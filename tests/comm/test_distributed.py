@@ -302,6 +302,7 @@ def _rows(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
         r.pop("wall_time")
+        r.pop("timestamp")
     return rows
 
 

@@ -22,7 +22,14 @@ from typing import cast
 
 import click
 
-from privdl.cli.run import _print_summary, command_line_values, refuse_options_with_resume
+from privdl.cli.run import (
+    _print_summary,
+    command_line_values,
+    given_values,
+    holds_run,
+    refuse_options_with_resume,
+    say_if_complete,
+)
 from privdl.cli.run import run as _run_command
 from privdl.comm.distributed import DEFAULT_TIMEOUT_S
 from privdl.distributed_runner import worker_main
@@ -32,7 +39,12 @@ from privdl.registry import make_config, plugin_files, recipe_for
 
 _OWN = (
     click.Option(["--nproc"], type=int, default=2, show_default=True, help="Processes to start."),
-    click.Option(["--master-addr"], default="127.0.0.1", show_default=True),
+    click.Option(
+        ["--master-addr"],
+        default="127.0.0.1",
+        show_default=True,
+        help="Rendezvous address of rank 0 (ignored under torchrun).",
+    ),  # fmt: skip
     click.Option(["--master-port"], type=int, default=0, help="Rendezvous port (0: a free one)."),
     click.Option(
         ["--timeout"],
@@ -155,8 +167,8 @@ def spawn(
 
 
 def _launch(
-    algorithm, config_file, sets, out, resume_dir, overwrite, progress, nproc, master_addr,
-    master_port, timeout, **flags,
+    algorithm, config_file, sets, out, resume_dir, resume_if_exists, overwrite, progress, nproc,
+    master_addr, master_port, timeout, **flags,
 ) -> None:  # fmt: skip
     """Train ALGORITHM on --nproc local processes (or as one rank under torchrun)."""
     if not timeout > 0 or timeout == float("inf"):  # nan too
@@ -168,6 +180,9 @@ def _launch(
             "privdl launch runs one seed (--seed); repeat over seeds with privdl run --seeds, or "
             "launch each seed into its own --out"
         )
+    if resume_if_exists and (resume_dir or overwrite):
+        other = "--resume DIR" if resume_dir else "--overwrite"
+        raise ConfigError(f"give --resume-if-exists (with --out) or {other}, not both")
     job: dict = {"resume": bool(resume_dir), "overwrite": overwrite, "timeout": timeout}
     if resume_dir:
         refuse_options_with_resume(algorithm, config_file, sets, out, None, overwrite, flags)
@@ -180,13 +195,20 @@ def _launch(
             )
         cfg = make_config(RunRecords(out_dir).config(), saved=True)  # a corrupt file: one line
     else:
-        cfg = make_config(command_line_values(config_file, algorithm, flags, sets))
+        values = command_line_values(config_file, algorithm, flags, sets)
+        cfg = make_config(values)
         out_dir = Path(out or f"runs/{cfg.algorithm}")
         job["config"] = cfg.model_dump()
+        if resume_if_exists:  # rank 0 decides, from the run directory it sees
+            job["resume_if_exists"] = given_values(cfg, values)
     RunRecords(out_dir)  # --out naming a file: one line here, before any rank starts
     job["out"] = str(out_dir)
     job["progress"] = progress
     job["plugins"] = plugin_files()  # algorithms registered outside privdl: every rank imports
+    if os.environ.get("RANK", "0") == "0" and (
+        resume_dir or (resume_if_exists and holds_run(out_dir, job["resume_if_exists"]))
+    ):  # (another run in --out is refused here, before any rank starts)
+        say_if_complete(out_dir)
     if _in_torchrun():
         worker_main(job)
         if os.environ.get("RANK") == "0":

@@ -1,13 +1,16 @@
 """Entry point of the ``privdl`` command.
 
 Every sub-command lives in its own module under :mod:`privdl.cli` and exposes click commands;
-they are attached here. User-facing errors (:class:`privdl.errors.PrivdlError`) become one line on
-stderr and exit code 2; ``--debug`` shows the traceback instead.
+the main group imports a command's module only when that command runs (or shows its help), so
+``privdl --help``, ``privdl graph`` and ``privdl account`` start without torch. User-facing
+errors (:class:`privdl.errors.PrivdlError`) become one line on stderr and exit code 2;
+``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import warnings
 from typing import Any
@@ -15,26 +18,80 @@ from typing import Any
 import click
 
 from privdl import __version__
-from privdl.engine.allocator import tune_allocator
+from privdl.cli.options import show_defaults
 from privdl.errors import PrivdlError, ReportedError
+from privdl.malloc import tune_allocator  # not privdl.engine's: that package imports torch
 
-#: (module, attribute) pairs of the click commands attached to the main group.
-_COMMANDS: tuple[tuple[str, str], ...] = (
-    ("privdl.cli.graph", "graph"),
-    ("privdl.cli.run", "run"),
-    ("privdl.cli.run", "demo"),
-    ("privdl.cli.run", "report"),
-    ("privdl.cli.run", "list_algorithms"),
-    ("privdl.cli.account", "account"),
-    ("privdl.cli.account", "calibrate"),
-    ("privdl.cli.account", "plan"),
-    ("privdl.cli.audit", "audit"),
-    ("privdl.cli.reproduce", "reproduce"),
-    ("privdl.cli.launch", "launch"),
-)
+#: name -> (module, attribute, short help) of the commands of the main group. The short help is
+#: what ``privdl --help`` lists without importing the module (a test keeps it equal to the
+#: command's own).
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "account": ("privdl.cli.account", "account",
+                "Privacy accounting: what (epsilon, delta) does a deployment give?"),
+    "algorithms": ("privdl.cli.run", "list_algorithms",
+                   "The algorithms privdl can run: name, family, options."),
+    "audit": ("privdl.cli.audit", "audit",
+              "Audit ALGORITHM as implemented: a lower bound on epsilon."),
+    "calibrate": ("privdl.cli.account", "calibrate",
+                  "Noise calibration: what noise reaches a target (epsilon, delta)?"),
+    "demo": ("privdl.cli.run", "demo",
+             "The main job: private vs non-private learning on a9a over ring:16."),
+    "graph": ("privdl.cli.graph", "graph",
+              "Print the facts of graph SPEC and of its mixing matrix."),
+    "launch": ("privdl.cli.launch", "launch",
+               "Train ALGORITHM on several processes, or as one torchrun rank."),
+    "plan": ("privdl.cli.account", "plan",
+             "The papers' closed-form noise formulas and the epsilon they give."),
+    "report": ("privdl.cli.run", "report",
+               "Make a markdown table, PNG plots (and a CSV) from run directories."),
+    "reproduce": ("privdl.cli.reproduce", "reproduce",
+                  "Reproduce a paper figure/table: report.md, PNGs, summary.json."),
+    "run": ("privdl.cli.run", "run", "Train ALGORITHM and record metrics and privacy spent."),
+}  # fmt: skip
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Sub-commands imported on first use; ``--help`` lists them from :data:`_COMMANDS`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        present = [n for n, (mod, _, _) in _COMMANDS.items() if _module_exists(mod)]
+        return sorted({*present, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        if cmd_name not in _COMMANDS or not _module_exists(_COMMANDS[cmd_name][0]):
+            return None
+        module_name, attr, _ = _COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module_name), attr, None)
+        if command is None:
+            return None
+        show_defaults(command)
+        self.commands[cmd_name] = command
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in _COMMANDS:
+                rows.append((name, _COMMANDS[name][2]))
+            elif (command := self.commands[name]) is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _module_exists(name: str) -> bool:
+    """Whether the module can be imported, found without importing it (a sub-command not
+    built yet is left out)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="privdl")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 @click.pass_context
@@ -42,22 +99,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Differentially private decentralized and federated learning."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-def _attach() -> None:
-    for module_name, attr in _COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a sub-command not built yet
-            if exc.name == module_name:
-                continue
-            raise
-        command = getattr(module, attr, None)
-        if command is not None:
-            cli.add_command(command)
-
-
-_attach()
 
 
 def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
@@ -72,18 +113,15 @@ _default_showwarning = warnings.showwarning
 
 
 def _out_of_range() -> tuple[type[BaseException], ...]:
-    import numpy as np
-
-    return (
+    """Errors of finite but extreme values (numpy's only where a command imported numpy)."""
+    errors: tuple[type[BaseException], ...] = (
         OverflowError,
         ZeroDivisionError,
         FloatingPointError,
         MemoryError,
-        np.linalg.LinAlgError,
     )
-
-
-_OUT_OF_RANGE = _out_of_range()
+    np = sys.modules.get("numpy")
+    return (*errors, np.linalg.LinAlgError) if np is not None else errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"error: {exc}", err=True)
         return 2
-    except _OUT_OF_RANGE as exc:  # finite but extreme values that passed validation
+    except _out_of_range() as exc:  # finite but extreme values that passed validation
         if debug:
             raise
         click.echo(

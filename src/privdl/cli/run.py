@@ -17,10 +17,12 @@ from typing import Any
 import click
 
 from privdl import loop  # loop.train / loop.resume looked up at call time (patchable)
+from privdl.cli.options import with_default
 from privdl.config import CommonConfig, load_config_file
 from privdl.errors import ConfigError
 from privdl.records import (
     SEEDS_PLAN,
+    RunRecords,
     check_out_dir,
     make_dir,
     read_seeds_plan,
@@ -44,15 +46,42 @@ def _click_type(annotation: Any) -> Any:
     return str
 
 
+def _shown(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def field_default(key: str) -> str | None:
+    """What ``--help`` shows as the default of config key ``key``: the configuration models'
+    default (``ring:16; server for robust-hdp, ...`` where families differ), or None where the
+    description already says it."""
+    from pydantic_core import PydanticUndefined
+
+    by_default: dict[str, list[str]] = {}
+    for name, entry in algorithms().items():
+        info = entry.recipe.config_model.model_fields.get(key)
+        if info is not None and info.default is not PydanticUndefined:
+            by_default.setdefault(_shown(info.default), []).append(name)
+    if not by_default:
+        return None
+    common, *others = sorted(by_default, key=lambda d: -len(by_default[d]))
+    if not others and "default" in (config_fields()[key].description or "").lower():
+        return None
+    return "; ".join([common, *(f"{d} for {', '.join(by_default[d])}" for d in others)])
+
+
 def _field_options() -> dict[str, click.Option]:
-    """One option per config key of any registered algorithm (``--set`` takes any key too)."""
+    """One option per config key of any registered algorithm (``--set`` takes any key too);
+    its help is the model's description and shows the model's default. The option's own
+    default stays None: a value not given is left to the config file and the model."""
     out: dict[str, click.Option] = {}
     for key, info in config_fields().items():
         if key == "algorithm":
             continue
+        shown = field_default(key)
         out[key] = click.Option(
             [f"--{key.replace('_', '-')}", key], type=_click_type(info.annotation),
-            help=info.description, default=None,
+            help=with_default(info.description, shown) if shown else info.description,
+            default=None,
         )  # fmt: skip
     return out
 
@@ -113,34 +142,63 @@ def _parse_set(items: tuple[str, ...]) -> dict:
     return out
 
 
+#: ``--progress/--no-progress`` of run, launch and demo.
+PROGRESS_HELP = with_default(
+    "Progress on stderr: a bar, or (not a terminal) a short line about every 30 s "
+    "(--no-progress: nothing).",
+    "the bar if stderr is a terminal, else the lines",
+)
+#: ``--resume-if-exists``: what it does, for run and launch.
+RESUME_IF_EXISTS_HELP = (
+    "Resume the run in --out if it holds one started with the same options, else start it: "
+    "the same command line starts or continues a run (torchrun --max-restarts, a cluster "
+    "requeue; docs/distributed.md)."
+)
+
+
 def _run_params() -> list[click.Parameter]:
     return [
         click.Argument(["algorithm"], required=False, type=AlgorithmName()),
-        click.Option(["--config", "config_file"], type=click.Path(), help="TOML config file."),
+        click.Option(
+            ["--config", "config_file"],
+            type=click.Path(),
+            help="TOML config file (its [run] table holds config keys; options override it).",
+        ),
         *_OPTIONS.values(),
-        click.Option(["--set", "sets"], multiple=True, help="Any config key: --set KEY=VALUE."),
-        click.Option(["--out"], type=click.Path(), help="Output directory (default runs/ALG)."),
+        click.Option(
+            ["--set", "sets"], multiple=True, help="Any config key: --set KEY=VALUE (repeatable)."
+        ),
+        click.Option(
+            ["--out"],
+            type=click.Path(),
+            help=with_default("Output directory: the run's records.", "runs/ALGORITHM"),
+        ),
         click.Option(
             ["--seeds"],
-            help="Repeat over seeds, e.g. 1,2,3 or 1-5: runs in OUT/seed-K, then a mean ± std "
-            "table.",
+            help=with_default(
+                "Repeat over seeds, e.g. 1,2,3 or 1-5: runs in OUT/seed-K, then a mean ± std "
+                "table.",
+                "none, one run with --seed",
+            ),
         ),
         click.Option(
             ["--resume", "resume_dir"],
             type=click.Path(),
-            help="Continue the run (or the seed runs) in DIR.",
-        ),  # fmt: skip
-        click.Option(["--overwrite"], is_flag=True, help="Replace an earlier run in --out."),
-        click.Option(
-            ["--progress/--no-progress"], default=None, help="Progress bar (default: if a tty)."
+            help="Continue the run (or the seed runs) in DIR with its saved config.",
         ),
+        click.Option(["--resume-if-exists"], is_flag=True, help=RESUME_IF_EXISTS_HELP),
+        click.Option(["--overwrite"], is_flag=True, help="Replace an earlier run in --out."),
+        click.Option(["--progress/--no-progress"], default=None, help=PROGRESS_HELP),
     ]
 
 
 def _run(
-    algorithm, config_file, sets, out, seeds, resume_dir, overwrite, progress, **flags
-) -> None:
+    algorithm, config_file, sets, out, seeds, resume_dir, resume_if_exists, overwrite, progress,
+    **flags,
+) -> None:  # fmt: skip
     if resume_dir:
+        if resume_if_exists:
+            raise ConfigError("give --resume DIR or --resume-if-exists (with --out), not both")
         refuse_options_with_resume(algorithm, config_file, sets, out, seeds, overwrite, flags)
         parent = Path(resume_dir)
         plan = None if (parent / "config.json").is_file() else read_seeds_plan(parent)
@@ -151,33 +209,85 @@ def _run(
             return
         dirs = seed_run_dirs(resume_dir)
         if (parent / "config.json").is_file() or not dirs:
+            say_if_complete(parent)
             summary = loop.resume(resume_dir, progress=progress)
             _print_summary(summary, parent)
             return
         for d in dirs:
+            say_if_complete(d)
             loop.resume(d, progress=progress)
         _print_repeats(dirs, parent)
         return
+    if resume_if_exists and overwrite:
+        raise ConfigError("give --resume-if-exists or --overwrite, not both")
     seed_list = None if seeds is None else parse_seeds(seeds)  # before any other work
     values = command_line_values(config_file, algorithm, flags, sets)
     cfg = make_config(values)
     out_dir = Path(out or f"runs/{cfg.algorithm}")
     check_out_dir(out_dir)
     if seed_list is None:
-        summary = loop.train(cfg, out_dir, progress=progress, overwrite=overwrite)
+        if resume_if_exists and holds_run(out_dir, given_values(cfg, values)):
+            say_if_complete(out_dir)
+            summary = loop.resume(out_dir, progress=progress)
+        else:
+            summary = loop.train(cfg, out_dir, progress=progress, overwrite=overwrite)
         _print_summary(summary, out_dir)
         return
     if "seed" in values:
         raise ConfigError("give --seed or --seeds, not both")
     check_out_dir(out_dir / f"seed-{max(seed_list)}")  # the longest path it will make
+    if (out_dir / SEEDS_PLAN).exists() and resume_if_exists:
+        plan = read_seeds_plan(out_dir)
+        assert plan is not None
+        loop.check_same_run(plan[1], given_values(cfg, values), out_dir)
+        if plan[0] != seed_list:
+            raise ConfigError(
+                f"{out_dir} holds a --seeds {','.join(map(str, plan[0]))} sweep, not --seeds "
+                f"{seeds}: give its seeds to resume it, or choose another --out"
+            )
+        _run_seeds(make_config(plan[1], saved=True), plan[0], out_dir, progress,
+                   resume_existing=True)  # fmt: skip
+        return
     if (out_dir / SEEDS_PLAN).exists() and not overwrite:
         raise ConfigError(
-            f"{out_dir} already holds a --seeds sweep; use --resume {out_dir} to continue it, "
-            "or choose another --out (or --overwrite)"
+            f"{out_dir} already holds a --seeds sweep; use --resume {out_dir} (or "
+            "--resume-if-exists) to continue it, or choose another --out (or --overwrite)"
         )
     make_dir(out_dir)
     write_seeds_plan(out_dir, seed_list, cfg.model_dump())
     _run_seeds(cfg, seed_list, out_dir, progress, overwrite=overwrite)
+
+
+def say_if_complete(out_dir: Path) -> bool:
+    """Say on stderr (one line) that the run in ``out_dir`` is complete, where it is: a resume
+    then only prints its summary. Returns whether it is complete."""
+    summary = RunRecords(out_dir).summary() if (out_dir / "config.json").is_file() else None
+    if summary is None:
+        return False
+    when = f" at {summary['timestamp']}" if summary.get("timestamp") else ""
+    click.echo(
+        f"{out_dir}: the run is already complete ({summary.get('steps_done')} steps, finished"
+        f"{when}); nothing to resume, its summary follows",
+        err=True,
+    )
+    return True
+
+
+def given_values(cfg: CommonConfig, values: dict[str, Any]) -> dict[str, Any]:
+    """The values of the config keys the command line (or its config file) gave, validated."""
+    dump = cfg.model_dump()
+    return {k: dump[k] for k in values if k in dump}
+
+
+def holds_run(out_dir: Path, given: dict[str, Any]) -> bool:
+    """Whether ``out_dir`` holds a run to resume for ``--resume-if-exists``: one that recorded
+    a metrics row (a directory cut off before its first row, or empty, starts afresh). A run
+    started with other options is refused, named (resuming it would ignore them)."""
+    records = RunRecords(out_dir)
+    if not records.metrics_path.exists():
+        return False
+    loop.check_same_run(records.config(), given, out_dir)
+    return True
 
 
 run = click.Command(
@@ -349,8 +459,14 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 
 
 @click.command("demo")
-@click.option("--out", type=click.Path(), default="runs/demo", show_default=True)
-@click.option("--steps", type=int, default=400, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(),
+    default="runs/demo",
+    show_default=True,
+    help="Directory of the runs (OUT/METHOD) and of report.md.",
+)
+@click.option("--steps", type=int, default=400, show_default=True, help="Steps of every run (T).")
 @click.option(
     "--epsilon",
     type=float,
@@ -362,8 +478,16 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 @click.option(
     "--seeds", type=int, default=1, show_default=True, help="Repeat each method over seeds 1..K."
 )
-@click.option("--progress/--no-progress", default=None)
-@click.option("--overwrite", is_flag=True, help="Replace the records of an earlier demo in --out.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help=PROGRESS_HELP,
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the records of an earlier demo in --out.",
+)
 @click.option(
     "--accountant",
     type=click.Choice(["tightest", "rdp"]),
@@ -402,17 +526,32 @@ def demo(
 
 @click.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", type=click.Path(), default="report", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(),
+    default="report",
+    show_default=True,
+    help="Directory of report.md, the PNG plots (and metrics.csv).",
+)
 @click.option(
     "--group/--per-run",
     default=True,
-    help="Merge runs that differ only in seed/data_seed: mean ± std (default), or a row each.",
+    help=with_default(
+        "Merge runs that differ only in seed/data_seed: mean ± std, or a row each.", "--group"
+    ),
 )
-def report(dirs: tuple[str, ...], out: str, group: bool) -> None:
-    """Make a markdown table and PNG plots from one or several run directories."""
+@click.option(
+    "--csv",
+    "as_csv",
+    is_flag=True,
+    help="Also write OUT/metrics.csv: every run's metrics rows, one line each, with flattened "
+    "columns (privacy.epsilon, ...) and the run's directory and label (docs/records.md).",
+)
+def report(dirs: tuple[str, ...], out: str, group: bool, as_csv: bool) -> None:
+    """Make a markdown table and PNG plots (and a CSV) from one or several run directories."""
     # heavy: imported when the command runs
-    from privdl.report import make_report
+    from privdl.report import CSV_FILE, make_report
 
-    path = make_report(list(dirs), out, group=group)
+    path = make_report(list(dirs), out, group=group, csv=as_csv)
     click.echo(path.read_text())
-    click.echo(f"written: {path}")
+    click.echo(f"written: {path}" + (f", {path.parent / CSV_FILE}" if as_csv else ""))
