@@ -301,13 +301,13 @@ def with_key_note(
     return noted
 
 
-# --- reproduction helpers (DECOR spec s.4.5, s.4.7) ---------------------------------------------
+# --- reproduction helpers (DECOR App. D.1, docs/accounting.md) ------------------------------
 
 LEGACY_LABEL = "legacy, not a valid (eps, delta) guarantee"
 
 
 def legacy_example_epsilon(step_rdp: float, *, sampling_rate: float) -> float:
-    """The DECOR reference code's example-level "epsilon" (spec s.4.7, LEGACY).
+    """The DECOR reference code's example-level "epsilon" (docs/accounting.md, LEGACY).
 
     min over integer alpha in [2, 256] of the Wang et al. (2019) subsampled RDP bound of ONE step:
     T and delta are ignored, so this is NOT a differential-privacy guarantee. It is what the
@@ -356,7 +356,7 @@ def decor_pair_for_step_rdp(
     For each candidate sigma_cdp the smallest sigma_cor with SecRDP slope (Alg 2/3) <= ``step_rdp``
     is found by conservative bisection; the pair is accepted if ``sigma_cor <= sigma_cor_max``.
     This is the reference code's rule "smallest sigma_cdp on the grid for which the sigma_cor
-    search succeeds" (spec s.6.3, s.6.4), made conservative.
+    search succeeds" (DECOR App. D.1), made conservative.
     """
     delta = DEFAULT_DELTA
     eps_one = compose_convert(step_rdp * (1 - 1e-9), steps=1, delta=delta, conversion="classic")

@@ -1,6 +1,6 @@
 """Tasks: a dataset split over nodes, a model and a loss; they give algorithms gradient oracles.
 
-- :class:`LeastSquaresTask` — DECOR's synthetic least squares (spec decor.md §6.2), full local
+- :class:`LeastSquaresTask` — DECOR's synthetic least squares (DECOR Section 6.1), full local
   gradients, user-level privacy.
 - :class:`SupervisedTask` — a dataset partitioned over nodes (iid, shards, Dirichlet) with a
   stacked model from :mod:`privdl.models`; minibatches are drawn for every node at once.

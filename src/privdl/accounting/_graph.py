@@ -1,7 +1,8 @@
 """Graph helpers for the SecRDP accountant: validated edge arrays and induced Laplacians.
 
 The accountant needs the Laplacian of the INDUCED subgraph G[H] left after deleting the colluders
-(DECOR spec s.4.2): degrees are recomputed inside G[H]. It is not the principal sub-block of L(G).
+(DECOR Algorithm 3, Appendix A; docs/accounting.md section 6): degrees are recomputed inside G[H].
+It is not the principal sub-block of L(G).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def laplacian(n: int, edges: np.ndarray, keep: np.ndarray | None = None) -> sp.c
     """Laplacian of the graph induced on ``keep`` (a boolean mask; None = all nodes).
 
     Nodes are relabelled to ``0..|keep|-1`` in increasing order. Edges with an endpoint outside
-    ``keep`` are dropped, so the degrees are those of G[H] (spec s.4.2).
+    ``keep`` are dropped, so the degrees are those of G[H] (DECOR Algorithm 3).
     """
     if keep is None:
         keep = np.ones(n, dtype=bool)

@@ -1,4 +1,4 @@
-"""Noise calibration for DECOR (spec s.4.5): find sigma_cor for a target (eps, delta).
+"""Noise calibration for DECOR (App. D.1; docs/accounting.md): sigma_cor for a target (eps, delta).
 
 For fixed sigma_cdp, Alg 2/3 is non-increasing in sigma_cor, so a bisection on log(sigma_cor)
 finds the smallest sigma_cor (to relative ``rtol``) with achieved eps <= target. Unlike the
@@ -123,10 +123,10 @@ def calibrate_sigma_cor(
     sigma_ldp / sqrt(n) against an eavesdropper on a connected graph; larger against colluders).
     ``sqrt(2) sigma_cdp_min`` gives half of the step's RDP budget to the independent noise and
     half to the correlated noise: the split of the paper's theory calibration (Cor. 3 / Cor. 12,
-    spec s.4.5). At the cap no correlated noise is needed (e.g. two colluders on a ring can cut a
-    node off, so sigma_cdp_min = sigma_ldp and DECOR adds LDP noise). Measured against other
-    points of the range (docs/reproductions-decor.md): within 10-20% of the best sigma_cdp on the
-    a9a demo and Fig 1a's ring, where twice the CDP level was 1.1-3x worse.
+    DECOR Section 5.3 and Appendix C). At the cap no correlated noise is needed (e.g. two colluders
+    on a ring can cut a node off, so sigma_cdp_min = sigma_ldp and DECOR adds LDP noise). Measured
+    against other points of the range (docs/reproductions-decor.md): within 10-20% of the best
+    sigma_cdp on the a9a demo and Fig 1a's ring, where twice the CDP level was 1.1-3x worse.
 
     Raises :class:`PrivacyError` if ``sigma_cdp`` is outside the admissible range.
     """

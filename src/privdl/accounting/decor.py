@@ -5,9 +5,9 @@ mechanism with mu = sqrt(2 T eps_step) (the whitened step is a 1-D Gaussian shif
 default with the exact ``gaussian`` conversion (mu-GDP, recorded as ``mu``); ``classic`` (Lemma 11,
 the paper's and its code's choice) and ``improved`` stay selectable.
 
-Example level (``sampling_rate`` < 1, spec s.4.7): Alg 2/3 runs with C replaced by C/b, the step is
-reduced to its equivalent Gaussian (noise multiplier 1/sqrt(2 eps_step), replace-one) and a
-standard subsampled-Gaussian accountant composes it:
+Example level (``sampling_rate`` < 1, DECOR App. D.1; docs/accounting.md section 3): Alg 2/3 runs
+with C replaced by C/b, the step is reduced to its equivalent Gaussian (noise multiplier 1/sqrt(2
+eps_step), replace-one) and a standard subsampled-Gaussian accountant composes it:
 
 * ``tightest`` (default): the smallest certified of dp-accounting's PLD and RDP
   (:mod:`privdl.accounting.tightest`; PLD where dp-accounting has it: Poisson sampling);
@@ -16,7 +16,8 @@ standard subsampled-Gaussian accountant composes it:
 * ``classic``: our Wang et al. (2019) bound for fixed-size sampling, composed over T and converted
   by Lemma 11 (what the paper describes, done correctly);
 * ``legacy-uncomposed``: the DECOR reference code's number, min_alpha of ONE subsampled step,
-  ignoring T and delta. It is NOT a differential-privacy guarantee (spec s.4.7) and is labelled so.
+  ignoring T and delta. It is NOT a differential-privacy guarantee (docs/accounting.md, section 6)
+  and is labelled so.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def account_decor(
     force: bool = False,
     method: str = "auto",
 ) -> DecorAccount:
-    """(eps, delta)-SecLDP of T DECOR steps against ``adversary`` (spec s.4.4, s.4.7).
+    """(eps, delta)-SecLDP of T DECOR steps against ``adversary`` (DECOR Appendix C; example level
+    App. D.1; docs/accounting.md sections 2-3).
 
     Args:
         graph: communication graph on nodes 0..n-1.

@@ -93,7 +93,8 @@ class SubsampledGaussianEvent:
 
 @dataclass(frozen=True)
 class DecorStepEvent:
-    """``steps`` DECOR iterations reduced to their equivalent Gaussian mechanism (spec s.4.7).
+    """``steps`` DECOR iterations reduced to their equivalent Gaussian mechanism
+    (docs/accounting.md section 3).
 
     Sigma is common to both hypotheses, so after whitening one step is a 1-D Gaussian shift with
     replace-one noise multiplier z = 1/sqrt(2 step_rdp); under add/remove the sensitivity halves

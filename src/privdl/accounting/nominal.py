@@ -255,7 +255,8 @@ def privsgp_plan(
     step's vector by up to (4 - 2/J) G (privsgp_vr_sensitivity, B = 1); K Gaussian
     steps composed in RDP, classic conversion, replace-one. ``values["epsilon_poisson_
     approximation"]``: the paper-style number (sensitivity 3G, Poisson rate 1/J, add/remove),
-    an approximation that no theorem certifies (spec s.8 item 4), for comparison.
+    an approximation that no theorem certifies (docs/privsgp-vr.md, "Privacy: nominal vs
+    accounted"), for comparison.
     """
     sigma = privsgp_sigma(
         gradient_bound=gradient_bound,
@@ -351,7 +352,8 @@ def porter_plan(
     c: float = 1.0,
     dim: int | None = None,
 ) -> NominalPlan:
-    """Theorem 1's sigma_p, its validity checks (spec s.4.2) and the accounted epsilon.
+    """Theorem 1's sigma_p, its validity checks (PORTER Appendix A: the conditions
+    of Abadi et al.'s moments accountant) and the accounted epsilon.
 
     Accounting under the paper's own relation (Definition 4: replace-one, the LDP of each
     agent's dataset) and sampling (b = 1 uniform of m): T steps of a sampled-without-replacement
@@ -359,7 +361,8 @@ def porter_plan(
     gradient by up to 2 tau), capped by T unsampled steps as ``privdl run porter-dp`` labels its
     runs.
     ``values["epsilon_add_remove_poisson"]`` is the ACG-style number (add/remove, sensitivity
-    tau, Poisson q = 1/m) the spec quotes, for comparison; it is not the paper's relation.
+    tau, Poisson q = 1/m) of the moments accountant that PORTER Appendix A applies, for comparison;
+    it is not the paper's relation.
     """
     sigma = porter_sigma(
         tau=tau, steps=steps, delta=delta, local_samples=local_samples, epsilon=epsilon, c=c

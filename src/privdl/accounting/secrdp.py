@@ -65,7 +65,7 @@ class PrivacyWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Adversary:
-    """Threat model of DECOR's SecLDP (spec s.1.4): ``kind`` and collusion level ``q``."""
+    """Threat model of DECOR's SecLDP (DECOR Section 2): ``kind`` and collusion level ``q``."""
 
     kind: str  # "eavesdropper" | "curious" | "collusion" | "ldp"
     q: int

@@ -74,7 +74,8 @@ class AggregationResult:
 
 
 class Aggregator(ABC):
-    """A server weighting rule. ``uses_reported_eps`` marks rules a client can game (spec §6)."""
+    """A server weighting rule. ``uses_reported_eps`` marks rules a client can game
+    (Robust-HDP Section 4.2, RQ3)."""
 
     name: str = "aggregator"
     uses_reported_eps: bool = False
@@ -145,8 +146,8 @@ def two_means_split(values: np.ndarray) -> np.ndarray:
     """Exact 2-means on a line: the boolean mask of the upper cluster ("public" clients).
 
     The split point minimising the within-cluster sum of squares over sorted values (KMeans(2) is
-    one of the spec's allowed PFA clusterings, A13; this one is deterministic). All-equal values
-    put every client in the public cluster.
+    one of the clusterings the authors' reference code offers for PFA; this one is deterministic).
+    All-equal values put every client in the public cluster.
     """
     v = np.asarray(values, float)
     order = np.argsort(v, kind="stable")
@@ -164,7 +165,7 @@ def two_means_split(values: np.ndarray) -> np.ndarray:
 
 
 class PFA(Aggregator):
-    """PFA (Liu et al. 2021a) as the spec describes it (§4), original-PFA projection variant.
+    """PFA (Liu et al. 2021a) as Robust-HDP App. B.3 uses it, original-PFA projection variant.
 
     1. Cluster clients by reported eps into public (larger eps) and private (2-means).
     2. Project each private update on the top-``k`` principal subspace of the public updates,
@@ -205,8 +206,8 @@ class RobustHDP(Aggregator):
     """Robust-HDP (Algorithm 1 lines 3-6): weights from robust-PCA noise estimates.
 
     ``reestimate_every=1`` re-runs RPCA every round (the paper); ``None`` estimates once and
-    freezes (the reference code, spec A1); a client never estimated before triggers a new
-    estimate. ``estimate_kwargs`` go to :func:`privdl.robust.estimate_noise_levels`
+    freezes (the authors' reference code; docs/robust-hdp.md); a client never estimated before
+    triggers a new estimate. ``estimate_kwargs`` go to :func:`privdl.robust.estimate_noise_levels`
     (``chunk_rows``, ``max_blocks``, ``max_iter``, ``preset``...). RPCA runs in float64.
     """
 

@@ -1,8 +1,8 @@
 """Baselines of PrivSGP-VR's Figs 5 and 10: DP2-SGD and A(DP)2SGD on an undirected graph.
 
-The PrivSGP-VR paper only names them (spec §7.1); the choices made here are documented in
-``docs/privsgp-vr.md``. Both draw one entry (sample or block) per node per step from the same
-:class:`~privdl.algorithms.privsgp.SampleOracle` as PrivSGP-VR, clip per sample through the
+The PrivSGP-VR paper only names them (Section 5, Figs 5 and 10); the choices made here are
+documented in ``docs/privsgp-vr.md``. Both draw one entry (sample or block) per node per step from
+the same :class:`~privdl.algorithms.privsgp.SampleOracle` as PrivSGP-VR, clip per sample through the
 oracle, and add per-node Gaussian noise ``N(0, sigma_i^2 I)`` to the stochastic gradient.
 
 DP2-SGD (Yu et al. 2021): D-PSGD (Lian et al. 2017) with Gaussian gradient noise,

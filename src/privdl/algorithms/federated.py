@@ -7,7 +7,8 @@ Round e (all clients, or ``clients_per_round`` of them drawn uniformly without r
 2. every participating client i runs ``E_i = K ceil(N_i/b_i)`` DP-SGD steps (Eq. 1)
    ``theta <- theta - eta_l (1/b_i) [ sum_{j in B} clip(grad l_j, c) + N(0, c^2 z_i^2 I_p) ]``
    with Poisson sampling at rate ``q_i = b_i/N_i`` and the expected batch size ``b_i`` as the
-   denominator (Opacus semantics, spec §1 and A7), and uploads ``Delta_i = theta_{i,E_i} - theta^e``;
+   denominator (Opacus semantics, as the authors' reference code runs it; docs/robust-hdp.md), and
+   uploads ``Delta_i = theta_{i,E_i} - theta^e``;
 3. the server forms ``M = [Delta_1 | ... | Delta_k]`` and an :class:`Aggregator` gives weights;
    ``theta^{e+1} = theta^e + sum_i w_i Delta_i`` (line 7; ``Communicator.weighted_sum``).
 
@@ -390,7 +391,8 @@ def evaluate_clients(
     model: StackedModel, theta: Tree, test: StackedData, *, loss: str = "cross_entropy"
 ) -> dict[str, Tensor]:
     """The global model on every client's own test set: per-client loss and accuracy ``(n,)``
-    (spec §5.1 metric: the unweighted mean of these accuracies). One batched pass over clients."""
+    (Robust-HDP Section 4.1 metric: the unweighted mean of these accuracies). One batched pass over
+    clients."""
     n, width = test.counts.numel(), test.x.shape[1]
     params = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in theta.items()}
     valid = test.valid.to(test.x.device)
@@ -414,7 +416,8 @@ def evaluate_clients(
 def split_train_test(
     parts: list[np.ndarray], *, train_fraction: float = 0.8
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's first ``train_fraction`` of indices train, the rest test (spec §5.2)."""
+    """Each client's first ``train_fraction`` of indices train, the rest test
+    (the authors' reference code's 80/20 split; Robust-HDP App. B.1, Table 6)."""
     if not 0 < train_fraction < 1:
         raise ConfigError(f"train_fraction must be in (0, 1), got {train_fraction}")
     cut = [int(round(train_fraction * len(p))) for p in parts]

@@ -1,8 +1,8 @@
 """PORTER (Li & Chi): decentralized gradient tracking with compressed surrogates, and BEER.
 
-One iteration for all agents at once (Algorithm 1, spec porter.md §2.3-2.5). Node-major layout:
+One iteration for all agents at once (Algorithm 1; docs/porter.md). Node-major layout:
 rows are agents, so the paper's right multiplication ``Q (W - I)`` is ``(W - I) Q`` here, which is
-``comm.mix(Q) - Q`` for the symmetric ``W`` the analysis needs (Lemma 1, spec D14)::
+``comm.mix(Q) - Q`` for the symmetric ``W`` the analysis needs (Lemma 1)::
 
     G_p^t = Clip-and-noise gradients at X^{t-1}                  (6)-(7) DP / (9)-(10) GC
     Q_v^t = Q_v^{t-1} + C(V^{t-1} - Q_v^{t-1})                   (11)  [compressed, channel v]
@@ -238,7 +238,7 @@ def porter_gc(
 
 
 def beer(*, step_size: StepSize | float, gamma: float, compressor: Compressor) -> Porter:
-    """BEER (Zhao et al. 2022) in PORTER's form: no clipping and no noise (spec §2.6)."""
+    """BEER (Zhao et al. 2022) in PORTER's form: no clipping and no noise (PORTER Section 3)."""
     return Porter(_eta(step_size), gamma, compressor, ClipSpec(), 0.0, name="beer")
 
 

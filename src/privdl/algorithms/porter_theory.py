@@ -13,9 +13,9 @@ smoothness constant; ``Delta = f(x^0) - f*``; ``phi_m = sqrt(d log(1/delta)) / (
 (:func:`privdl.accounting.nominal.porter_phi`); ``alpha_hat = 1 - gamma (1 - alpha)``, Lemma 1's
 bound on ``||I + gamma (W - I) - J||_2``.
 
-Where the statement and the proof disagree the proof is used, as the spec advises
-(``specs/porter.md`` §5): Theorem 2's ``eta`` has ``(1 - alpha)^{4/3}`` where the statement has
-``rho^{4/3}``.
+Where the statement and the proof disagree the proof is used (Appendices B-D; docs/porter.md,
+"Theory constants and the output rule"): Theorem 2's ``eta`` has ``(1 - alpha)^{4/3}`` where the
+statement has ``rho^{4/3}``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def nu_thm3(
 def eta_thm4(*, smoothness: float) -> float:
     """Theorem 4 (PORTER-GC), Appendix D: ``eta = sqrt(8/2072) / L`` (about ``0.0621/L``). The
     proof's own condition (25) needs ``(1 - alpha_hat)^{4/3} >= 1/2``, which this ``eta``
-    breaks for any useful ``gamma`` (spec §5.3): the constant is illustrative."""
+    breaks for any useful ``gamma`` (Appendix D): the constant is illustrative."""
     _check(smoothness=smoothness)
     return math.sqrt(8.0 / 2072.0) / smoothness
 
@@ -136,8 +136,8 @@ def thm2_conditions(
 def sample_output_index(*, n: int, steps: int, generator: torch.Generator) -> tuple[int, int]:
     """The theory's output ``x_out ~ Uniform{x_i^(t) : i in [n], t in [T]}`` (Algorithm 1's last
     line) as an index ``(i, t)``, with ``t`` in ``1..T``. Draw it before training and keep agent
-    ``i``'s model after step ``t``: no iterate history is stored. The plots follow the spec's
-    D13 and use the average ``x_bar^(t)`` instead."""
+    ``i``'s model after step ``t``: no iterate history is stored. The plots follow Section 5
+    and use the average ``x_bar^(t)`` instead."""
     if n < 1 or steps < 1:
         raise ConfigError(f"need n >= 1 and steps >= 1, got n={n}, steps={steps}")
     k = int(torch.randint(0, n * steps, (1,), generator=generator))

@@ -1,4 +1,4 @@
-"""PrivSGP-VR and PrivSGP: DP stochastic gradient push (Zhu et al.; spec privsgp-vr.md).
+"""PrivSGP-VR and PrivSGP: DP stochastic gradient push (Zhu et al.; docs/privsgp-vr.md).
 
 One iteration k for all nodes at once (Algorithm 1; stacked form eq. 15):
 
@@ -12,7 +12,8 @@ One iteration k for all nodes at once (Algorithm 1; stacked form eq. 15):
 
 PrivSGP (Appendix C, Algorithm 2) is the same without the SAGA table: ``g_i = h_i``.
 
-The table is a "block" table (spec §8.1): each node's J local samples are split into
+The table is a "block" table (docs/privsgp-vr.md, "Python API"; the paper is silent on
+the memory of the SAGA table): each node's J local samples are split into
 ``J_b = floor(J / block_size)`` fixed blocks; an entry is a block's mean (per-sample clipped)
 gradient, and ``J_b`` replaces ``J`` everywhere. ``block_size = 1`` is the exact per-sample table.
 For least squares (:class:`LeastSquaresSamples`) an entry is one scalar per sample (the residual),
@@ -76,7 +77,8 @@ class SampleOracle(Protocol):
 
 @dataclass
 class LeastSquaresSamples:
-    """Per-sample least squares ``f_i(x; j) = 1/2 (a_ij^T x - b_ij)^2`` (spec §9, T9-T11).
+    """Per-sample least squares ``f_i(x; j) = 1/2 (a_ij^T x - b_ij)^2`` (a toy that checks the SAGA
+    recursion: n = 1, sigma = 0 is plain SAGA).
 
     ``a (n, J, d)``, ``b (n, J)``; params ``{"x": (n, d)}``. The table entry is the scalar
     residual ``r = a^T x - b`` (times the clip factor), so ``grad = r a`` and the exact table is
@@ -129,7 +131,8 @@ class LeastSquaresSamples:
 
 @dataclass
 class ModelSamples:
-    """Block gradients of a stacked model on node-stacked data (spec §8.1 block table).
+    """Block gradients of a stacked model on node-stacked data (block table,
+    docs/privsgp-vr.md).
 
     ``x (n, m, *in_shape)``, ``y (n, m)``: node i's samples. Block ``j`` of node i is samples
     ``j*B .. (j+1)*B - 1`` (the last ``m mod B`` samples are dropped); its entry is the mean of
@@ -198,7 +201,8 @@ class ModelSamples:
 
 
 def table_bytes(oracle: SampleOracle, *, dtype_bytes: int = 4) -> int:
-    """Memory of the SAGA table over all nodes: ``n * J * entry_size`` floats (spec §8.1)."""
+    """Memory of the SAGA table over all nodes: ``n * J * entry_size`` floats
+    (docs/privsgp-vr.md)."""
     return int(oracle.n_nodes) * int(oracle.n_entries) * int(oracle.entry_size) * dtype_bytes
 
 
@@ -453,8 +457,8 @@ def noise_plan(
     """sigma_i per node for a budget (eps_i, delta_i), one entry of J drawn per step.
 
     * ``nominal``: Theorem 2, eq. (11), ``sigma_i = (3)c2 G sqrt(K log(1/delta_i)) / (J eps_i)``
-      (sensitivity 3G with VR, Appendix B; G without, spec §3 REC) — the paper's heuristic, not
-      a DP guarantee.
+      (sensitivity 3G with VR, Appendix B; G without, our choice for Algorithm 2 of Appendix C) —
+      the paper's heuristic, not a DP guarantee.
     * ``accounted``: what ``privdl run privsgp(-vr)`` calibrates to and its records certify
       (replace-one, example level, threat model ldp): with VR, K Gaussian steps of sensitivity
       (4 - 2/J) G and no amplification (the SAGA mean touches every sample); without, sensitivity
@@ -462,8 +466,8 @@ def noise_plan(
       (:func:`privdl.accounting.nominal.privsgp_accounted_sigma`).
     * ``poisson_approximation``: the smallest noise multiplier z_i with RDP epsilon <= eps_i after
       K Poisson-subsampled steps at rate 1/J, add/remove, times 3G (G without VR) — the
-      paper-style reading of spec §8.4, which no theorem certifies (the algorithm draws one
-      sample, and the SAGA mean touches all of them).
+      paper-style reading of Theorem 2 (docs/privsgp-vr.md), which no theorem certifies (the
+      algorithm draws one sample, and the SAGA mean touches all of them).
     """
     # heavy: privdl.accounting loads dp_accounting, which the algorithm itself does not need
     from privdl.accounting import calibrate_nodes, privsgp_sigma
@@ -545,9 +549,10 @@ def optimal_steps(
     """K* and U(K*) (Corollary 1). ``nominal``: closed form eq. (12)-(13). Otherwise minimise
     ``U(K) = (A + 24 L d mean_i sigma_i(K)^2) / sqrt(nK)`` (eq. 14 with sigma_i(K) of ``mode``,
     see :func:`noise_plan`) over a log grid of K in [1, k_max], then refine between the grid
-    neighbours (spec §8.4). ``poisson_approximation`` uses :func:`rdp_noise_multiplier` (integer
-    orders, fast and slightly conservative next to dp-accounting); ``accounted`` the closed-form
-    classic conversion of K Gaussian steps at sensitivity (4 - 2/J) G.
+    neighbours (docs/privsgp-vr.md, "Privacy: nominal vs accounted"). ``poisson_approximation`` uses
+    :func:`rdp_noise_multiplier` (integer orders, fast and slightly conservative next to
+    dp-accounting); ``accounted`` the closed-form classic conversion of K Gaussian steps at
+    sensitivity (4 - 2/J) G.
     """
     # heavy: privdl.accounting loads dp_accounting, which the algorithm itself does not need
     from privdl.accounting import privsgp_optimal_steps

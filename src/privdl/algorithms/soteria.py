@@ -1,6 +1,6 @@
 """SoteriaFL-SGD (Li, Zhao, Li, Chi 2022): server/client DP-SGD with shifted compression.
 
-PORTER's baseline (spec porter.md §6.2). All clients share the server model ``x``; one round::
+PORTER's baseline (Section 5; docs/porter.md). All clients share the server model ``x``; one round::
 
     g_i  = Clip_tau(grad l(x; z_i)) + e_i,   e_i ~ N(0, sigma_p^2 I)     (client, b = 1)
     c_i  = C(g_i - s_i)                                                   (compressed uplink)

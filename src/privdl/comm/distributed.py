@@ -432,7 +432,7 @@ class DistributedCommunicator(Communicator):
 
 
 class DistributedKeyTransport:
-    """DECOR's key transport between ranks: public keys only (paper s.2; spec decor.md s.2.1).
+    """DECOR's key transport between ranks: public keys only (paper s.2; docs/secrets.md section 1).
 
     Ranks publish the X25519 public keys of their owned nodes; on the first ``collect`` each rank
     sends, to every rank owning a neighbour of one of its nodes, the keys of its nodes adjacent to

@@ -7,8 +7,8 @@
 * ``partition_dirichlet`` — for each class, proportions p ~ Dir(alpha 1_n) over the parts
   (Wang et al. 2019; DECOR s.6.3-6.4 with alpha = 10, Robust-HDP App. G with alpha = 1).
   Chunks are cut at cumulative offsets, so they are disjoint by construction. DECOR's reference
-  ``draw_indices`` does not accumulate offsets and lets chunks overlap (spec decor.md item 15);
-  that buggy split is deliberately not reproduced.
+  ``draw_indices`` does not accumulate offsets and lets chunks overlap (docs/reproductions-decor.md,
+  "Deviations"); that buggy split is deliberately not reproduced.
 
 Every partitioner returns a list of ``n_parts`` int64 index arrays; unless stated, every sample
 is assigned to exactly one part.

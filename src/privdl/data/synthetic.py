@@ -1,4 +1,5 @@
-"""DECOR's synthetic least-squares task (paper s.6.1 "Least-squares regression"; spec decor.md s.6.2).
+"""DECOR's synthetic least-squares task (paper s.6.1 "Least-squares regression";
+docs/reproductions-decor.md).
 
 User i = 1..n holds L_i(x) = 1/2 ||A_i x - b_i||^2 with A_i = (i / sqrt(n)) I_d (so A_i^2 =
 i^2/n I_d) and b_i ~ N(0, (zeta^2 / i^2) I_d); the reference code uses d = 10 and zeta = 1. The

@@ -1,8 +1,9 @@
 """Reproductions of the DECOR paper (Allouah et al., ICML 2024): Fig 1a/1b/1c, Fig 2, Fig 3.
 
-Presets are data (``privdl/presets/decor-*.toml``, values from spec decor.md s.6). Every run goes
-through the library (``runner.build``: task, topology, calibration, :class:`~privdl.algorithms.
-decor.Decor`/D-SGD, accountant); the loop here only records the metrics the paper plots.
+Presets are data (``privdl/presets/decor-*.toml``, values from the authors' reference code;
+docs/reproductions-decor.md). Every run goes through the library (``runner.build``: task,
+topology, calibration, :class:`~privdl.algorithms.decor.Decor`/D-SGD, accountant); the loop here
+only records the metrics the paper plots.
 
 * ``decor-fig1a`` -- least squares (s.6.2), optimality gap (1/n) sum ||x_i - x*||^2 averaged over
   the last 199 iterates as the code computes it, and L(xbar) - L*; the paper's (sigma_cdp,
@@ -171,7 +172,8 @@ def _plot(
 
 
 def _methods(topologies: list[str]) -> list[tuple[str, str]]:
-    """CDP once (complete graph, W = J), then DECOR and LDP on each topology (spec s.3)."""
+    """CDP once (complete graph, W = J), then DECOR and LDP on each topology
+    (DECOR Section 6, Fig 1)."""
     return [("cdp", "complete")] + [(a, t) for a in ("decor", "ldp") for t in topologies]
 
 
@@ -202,7 +204,7 @@ def run_fig1a(
     data_dir: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Fig 1a (spec s.6.2): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
+    """Fig 1a (DECOR s.6.1): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
     p = _preset("decor-fig1a", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -310,10 +312,10 @@ def run_fig1a(
     for row in paper_rows:
         checks.append(
             dict(
-                name=f"paper pair {row['topology']} eps={row['epsilon']}: our accountant = spec value",
+                name=f"paper pair {row['topology']} eps={row['epsilon']}: ours = the code's value",
                 pass_=abs(row["epsilon_paper_pair"] - row["epsilon_spec"])
                 <= 0.01 + 0.01 * row["epsilon_spec"],
-                detail=f"ours {row['epsilon_paper_pair']:.4g} vs spec {row['epsilon_spec']}",
+                detail=f"ours {row['epsilon_paper_pair']:.4g} vs code {row['epsilon_spec']}",
             )
         )
     checks = [
@@ -417,7 +419,7 @@ def run_fig1a(
                 ],
                 prow,
             ),
-            "Expected (paper / spec s.6.2): CDP <= DECOR-complete <= DECOR-torus <= DECOR-ring << "
+            "Expected (DECOR s.6.1, Fig 1a): CDP <= DECOR-complete <= DECOR-torus <= DECOR-ring << "
             "LDP; LDP about 20-150x CDP.",
             "## Checks",
             _checks_md(checks),
@@ -448,7 +450,8 @@ def _pick(table: list[list[float]], eps: float) -> tuple[float, float]:
 def a9a_optimum(task) -> float:
     """Non-private L* of the a9a logistic regression (mean BCE, with bias) on the full train split.
 
-    Full-batch L-BFGS in float64 (spec s.7.13: L* must be recomputed for our split).
+    Full-batch L-BFGS in float64 (the paper's L* = 0.3236 is for the authors' split: recomputed for
+    ours).
     """
     x = task.dataset.x_train.double()
     y = task.dataset.y_train.double()
@@ -482,7 +485,8 @@ def _full_train_loss(task, params) -> float:
 
 
 def _decor_grid_pair(graph, *, eps, steps, delta, clip, n, points, cor_max_factor):
-    """Spec s.6.3: smallest sigma_cdp in linspace(sigma_cdp^CDP, sigma_ldp, 50) with a sigma_cor
+    """The authors' reference code's a9a rule: smallest sigma_cdp in
+    linspace(sigma_cdp^CDP, sigma_ldp, 50) with a sigma_cor
     (conservative, <= 10 sigma_ldp as in the code's search range)."""
     rho = step_rdp_for_epsilon(eps, steps=steps, delta=delta)
     s_ldp = clip * math.sqrt(2.0 / rho)
@@ -530,7 +534,7 @@ def run_fig1b(
     data_dir: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Fig 1b (spec s.6.3): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
+    """Fig 1b (DECOR Section 6.1): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
     p = _preset("decor-fig1b", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
-"""DECOR accountant figures: Fig 2 (user level) and Fig 3 (example level), App. D.1 (spec s.6.5).
+"""DECOR accountant figures: Fig 2 (user level) and Fig 3 (example level), App. D.1
+(docs/reproductions-decor.md).
 
 Fig 3 shows the paper's curve, which is the reference code's ONE-step subsampled value (legacy, not
-a valid (eps, delta) guarantee, spec s.4.7), beside the same settings composed over T.
+a valid (eps, delta) guarantee, docs/accounting.md section 6), beside the same settings composed
+over T.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def fig2_values(p: dict[str, Any], sigma_cors) -> tuple[float, np.ndarray, float
 
 
 def run_fig2(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    """Fig 2: total user-level eps (Alg 2 + ACC-1) vs sigma_cor on the ring (spec s.6.5)."""
+    """Fig 2: total user-level eps (Alg 2 + ACC-1) vs sigma_cor on the ring (DECOR App. D.1)."""
     p = load_preset("decor-fig2")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +141,7 @@ def run_fig2(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict
             "user-level SecLDP against an external eavesdropper (the paper's adversary I), "
             "replace-one neighbouring (accountant secrdp+classic).",
             "![fig2](fig2.png)",
-            _table(["sigma_cor", "paper/spec", "ours"], rows),
+            _table(["sigma_cor", "paper", "ours"], rows),
             "## Checks",
             _checks_md(checks),
         ]

@@ -1,8 +1,9 @@
-"""DECOR Fig 1c reproduction: MNIST MLP 784-128-10, example-level privacy (spec decor.md s.6.4).
+"""DECOR Fig 1c reproduction: MNIST MLP 784-128-10, example-level privacy (DECOR Section 6.2).
 
-The paper's budgets {1e-3, 1e-2, 0.1, 1} are the reference code's uncomposed per-step value (spec
-s.4.7): they are run as published, calibrated with that legacy accountant and labelled "legacy,
-not a valid (eps, delta) guarantee", beside correctly accounted (eps, 1e-5) budgets.
+The paper's budgets {1e-3, 1e-2, 0.1, 1} are the reference code's uncomposed per-step value
+(docs/accounting.md section 6): they are run as published, calibrated with that legacy accountant
+and labelled "legacy, not a valid (eps, delta) guarantee", beside correctly accounted (eps, 1e-5)
+budgets.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _accounted_decor_pair(
     subsampled per-step RDP slope that meets (eps, delta) over T); DECOR takes the smallest
     sigma_cdp in linspace(sigma_ldp / sqrt(n), sigma_ldp, points) whose sigma_cor (SecRDP
     slope <= rho) is at most ``cor_max`` -- the rule the code applies to its legacy budgets
-    (spec s.6.4), here with the composed accountant, so the run's accounted epsilon meets the
+    (DECOR App. D.1), here with the composed accountant, so the run's accounted epsilon meets the
     target.
     """
     cfg = make_config(dict(values, algorithm="ldp", graph=spec))
@@ -130,7 +131,7 @@ def run_fig1c(
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Fig 1c (spec s.6.4): MNIST test accuracy, legacy budgets and correctly accounted ones.
+    """Fig 1c (DECOR Section 6.2): MNIST test accuracy, legacy budgets and correctly accounted ones.
 
     ``overrides`` (``--set``) replace top-level preset values, e.g. ``seeds=1,123``,
     ``topologies=torus``, ``epsilons=3,10``, ``legacy_epsilons=`` (none), ``steps=1000``.
@@ -309,7 +310,7 @@ def run_fig1c(
             f"(sampling rate {rate:.4g}), T = {p['steps']}, lr0/(1 + t/{p['lr_decay']:g}), "
             f"Dirichlet(10) split, seeds {p['seeds']}.",
             f"**Paper budgets** {p['legacy_epsilons']}: the reference code's per-step subsampled "
-            f"value, ignoring T and delta -- {LEGACY_LABEL} (spec s.4.7). Noise calibrated with that "
+            f"value, ignoring T and delta -- {LEGACY_LABEL} (docs/accounting.md). Noise calibrated with that "
             "legacy accountant as the code does (smallest sigma_cdp on [C/1000, C/20] with sigma_cor "
             "<= C/10). The column 'accounted eps' gives the correctly composed (eps, 1e-5) of the "
             "same run (dp-accounting RDP, fixed-size sampling, replace-one), with the threat model "

@@ -1,6 +1,6 @@
 """PORTER (Li & Chi) Section 5: PORTER-DP vs SoteriaFL-SGD and PORTER-GC vs BEER (Figs. 2-3).
 
-Setup (spec porter.md §6.1): n = 10 agents on Erdős–Rényi G(10, 0.8), iid (shuffled) splits,
+Setup (PORTER Section 5): n = 10 agents on Erdős–Rényi G(10, 0.8), iid (shuffled) splits,
 biased random-5% sparsification for every algorithm, tau = 1, b = 1, and Theorem 1's nominal
 ``sigma_p = tau sqrt(T ln(1/delta)) / (m eps)`` for (eps, delta) in {(1e-2, 1e-3), (1e-1, 1e-3)}.
 
@@ -8,7 +8,7 @@ The mixing matrix is the FDLA matrix (:func:`fdla_mixing`, solved by a subgradie
 instead of an SDP solver; ``mixing = "best-constant"`` in a preset gives Xiao & Boyd's best
 constant edge weight instead). Stated deviations: T, eta and gamma are preset values (the paper
 reports neither T nor its tuned step sizes); the full mode's step sizes were tuned on a grid by
-``experiments/studies/tune_porter.py``. Utility (spec D7) is
+``experiments/studies/tune_porter.py``. Utility (docs/porter.md) is
 ``||grad f(x_bar)||^2`` on the training set, regulariser included, and its running average.
 
 Tasks: :class:`NonconvexLogisticTask` (a9a, eq. in §6.3: logistic loss plus
@@ -57,7 +57,8 @@ from privdl.topology import parse_graph
 
 
 def _batch_index(counts: torch.Tensor, b: int, seed: int, t: int) -> torch.Tensor:
-    """Each agent's b sample indices at round t, uniformly with replacement (spec D3)."""
+    """Each agent's b sample indices at round t, uniformly with replacement
+    (as the authors' NDA code draws them)."""
     g = step_generator(seed, "batches", t)
     return sample_batches(counts, b, generator=g, scheme="with_replacement").index
 
@@ -106,7 +107,8 @@ class NonconvexLogisticTask:
         return int(self.features.shape[1])
 
     def init_params(self, *, seed: int) -> Tree:
-        """x0 = randn(d)/5 from ``seed``, the same for every agent (SoteriaFL's choice, D10)."""
+        """x0 = randn(d)/5 from ``seed``, the same for every agent
+        (SoteriaFL's choice; PORTER gives none)."""
         g = torch.Generator().manual_seed(int(seed))
         x0 = torch.randn(self.dim, generator=g, dtype=torch.float64) / 5.0
         return {"x": x0.expand(self.features.shape[0], -1).clone()}
@@ -252,7 +254,7 @@ def run_curve(
     for t in range(1, rounds + 1):
         state, info = alg.step(state, task.oracle, comm)
         bits += info["bits_per_node"]
-        if isinstance(alg, Porter):  # mean_i v_i == mean_i g_p,i (spec §8.1)
+        if isinstance(alg, Porter):  # mean_i v_i == mean_i g_p,i (gradient tracking)
             gap = (state.v.mean(0) - info["g_p"].mean(0)).abs().max()
             size = info["g_p"].abs().max()
         else:  # server shift == mean of client shifts
@@ -300,7 +302,7 @@ def _privacy_rows(
 @dataclass
 class Setup:
     """One experiment's fixed parts: the preset, its mode table, the task, the gossip, the
-    compressor and Theorem 1's privacy rows (spec §6.1)."""
+    compressor and Theorem 1's privacy rows (PORTER Section 5)."""
 
     pre: dict[str, Any]
     run: dict[str, Any]
@@ -550,7 +552,7 @@ def _report(which: str, s: dict[str, Any]) -> str:
         "uniform of m): dp-accounting RDP of a sampled-without-replacement Gaussian with noise "
         "multiplier sigma_p / (2 tau), the accountant `privdl run porter-dp` labels its runs "
         "with. It is a valid upper bound, loose at small noise multipliers. The add/remove "
-        "column (sensitivity tau, Poisson q = 1/m; the spec's and ACG's accounting) is shown "
+        "column (sensitivity tau, Poisson q = 1/m; Appendix A's moments accountant) is shown "
         "for comparison: it is not the paper's relation.",
         "",
         "| nominal eps | delta | T | sigma_p (Thm 1) | phi_m | accounted eps of that sigma_p "

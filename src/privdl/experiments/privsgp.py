@@ -2,8 +2,9 @@
 and ResNet-18 on CIFAR-10 (Section 5.1, Figs 2 and 4; synthetic stand-in in quick mode).
 
 Presets: ``privdl/presets/privsgp-*.toml`` (a ``[quick]`` and a ``[full]`` table each).
-Evaluation (spec §8.7): training loss and test accuracy of ``xbar = mean_i x_i`` (equal to the
-w-weighted mean of the z_i) on a fixed train subset and the test split.
+Evaluation (the paper does not state it; docs/privsgp-vr.md): training loss and test accuracy of
+``xbar = mean_i x_i`` (equal to the w-weighted mean of the z_i) on a fixed train subset and the
+test split.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _setup(
     seed: int = 0,
     device: str | torch.device = "cpu",
 ):
-    """Load, subsample and split the data IID over ``n`` nodes (floor and drop, spec §8.10);
+    """Load, subsample and split the data IID over ``n`` nodes (floor and drop, docs/privsgp-vr.md);
     the node-stacked data and the evaluation sets are moved to ``device``."""
     kw = {"n_train": cfg["n_train"], "n_test": cfg["n_test"]} if "synthetic" in dataset else {}
     ds = load_dataset(dataset, data_dir=data_dir, seed=seed, **kw)
@@ -403,9 +404,9 @@ def _budget_run(
 ) -> dict[str, Any]:
     """PrivSGP-VR for ``K = k`` steps at noise ``sigma`` with Theorem 1's gamma = c sqrt(n/K),
     and two noise levels for the same K at (eps, delta): the paper-style approximation
-    (sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; spec §10, not certified: the SAGA
-    mean touches every sample) and the certified one ``privdl run privsgp-vr`` calibrates to
-    (no amplification, replace-one sensitivity (4 - 2/J_b) G / B, privdl.privacy)."""
+    (sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; docs/privsgp-vr.md, not certified:
+    the SAGA mean touches every sample) and the certified one ``privdl run privsgp-vr`` calibrates
+    to (no amplification, replace-one sensitivity (4 - 2/J_b) G / B, privdl.privacy)."""
     model, x, y, train, test, comm = data
     gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
@@ -445,8 +446,9 @@ def _budget_run(
 _BUDGET_NOTE = (
     "The runs use the nominal sigma of eq. (11): their ({eps}, {delta}) is NOMINAL (per node, "
     "example level, threat model ldp). The Poisson column is the paper-style approximation "
-    "(RDP at sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; spec §10), which no "
-    "theorem certifies: the SAGA mean touches every sample. The certified column is the noise "
+    "(RDP at sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; docs/privsgp-vr.md), "
+    "which no theorem certifies: the SAGA mean touches every sample. The certified column is "
+    "the noise "
     "`privdl run privsgp-vr` calibrates to for the same budget (RDP of K Gaussian steps, no "
     "subsampling amplification, replace-one sensitivity (4 - 2/J_b) G / B, classic "
     "conversion). The nominal noise is far below both. The accounted column is the epsilon "
@@ -650,7 +652,7 @@ def _eps_outputs(
         'Paper (Fig. 8, cited in its text as "Figure 3"): n = 50, delta = 1e-5, eps in '
         "{0.4, ..., 1.6}; the accuracy maximised over K (at K*) gets worse as eps shrinks. "
         "The figure gives no numbers. Here K*(eps) = K*(1) eps^2 (eq. 12) with "
-        f"K*(1) = {cfg['k_star_at_eps1']}, the other two K are K*/2 and 2 K* (spec s.8.11), "
+        f"K*(1) = {cfg['k_star_at_eps1']}, the other two K are K*/2 and 2 K* (our choice), "
         f"and sigma(K, eps)^2 = {cfg['sigma2_at_kstar']} (K / K*(1)) / eps^2 (eq. 11), so "
         "every K* run has the same noise and differs only in its length.",
         ""
@@ -660,7 +662,7 @@ def _eps_outputs(
         _table(["eps", "K", *_BUDGET_HEADER], rows),
         "",
         f"K* has the best accuracy of its three K at {len(wins)} of {len(eps)} eps values "
-        "(the spec reads this into the figure; the paper does not state it, so it is not a "
+        "(our reading of the figure; the paper does not state it, so it is not a "
         "check).",
         "",
         _BUDGET_NOTE.format(eps="eps", delta=f"{top['delta']:g}"),
@@ -863,7 +865,7 @@ def run_cifar(
             planning["K_star_nominal"] - top["k_star_paper"]
         )
         < 1.0,
-        "the Poisson approximation's sigma is > 50x the nominal one (spec §10: ~70x)": planning[
+        "the Poisson approximation's sigma is > 50x the nominal one (measured: ~70x)": planning[
             "ratio_poisson_approximation_over_nominal"
         ]
         > 50,
@@ -940,7 +942,7 @@ def run_cifar(
 
 
 def _cifar_planning(top: dict, *, accounted_k: bool) -> dict[str, Any]:
-    """Corollary 1 with the paper's CIFAR constants, nominal and accounted (spec §10)."""
+    """Corollary 1 with the paper's CIFAR constants, nominal and accounted (docs/privsgp-vr.md)."""
     n_paper = 16
     a_const = (
         13 * top["f0"] + 6 * top["smoothness"] * top["x0_sq"] + (18 * top["smoothness"] * top["b2"])

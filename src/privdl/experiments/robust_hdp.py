@@ -6,7 +6,7 @@
   accuracy of Robust-HDP, WeiAvg, PFA, DPFedAvg, minEps and FedAvg (Tables 12-14). Quick mode is
   CI-sized (6 clients, a linear model, a few rounds; CIFAR-10 on the synthetic stand-in): its
   checks are about the noise-aware weights, not about the paper's accuracies.
-* ``robust-hdp-falsified``: one client reports a larger eps (Fig. 5 right, spec §6).
+* ``robust-hdp-falsified``: one client reports a larger eps (Fig. 5 right, Section 4.2 RQ3).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def parse_overrides(
     return out
 
 
-FALSIFIER_EPS = 0.95  # client 0's true eps in Dist5 (spec §6: "client 12" in the paper)
+FALSIFIER_EPS = 0.95  # client 0's true eps in Dist5 ("client 12" in the paper, Section 4.2)
 FALSIFIED_METHODS = ("robust-hdp", "weiavg", "pfa", "dpfedavg")
 
 
@@ -158,7 +158,7 @@ def _federated_data(dataset: str, *, n_clients: int, per_client: int, data_dir, 
     ds = load_dataset(dataset, data_dir=data_dir, download=False, **kw)
     if ds.x_train.shape[0] < n_clients * per_client:
         raise ValueError(f"{dataset} has fewer than {n_clients * per_client} training samples")
-    rng = np.random.default_rng(0)  # the split is fixed across runs (spec §5.2)
+    rng = np.random.default_rng(0)  # the split is fixed across runs (as in the reference code)
     perm = rng.permutation(ds.x_train.shape[0])[: n_clients * per_client]
     train, test = split_train_test(list(perm.reshape(n_clients, per_client)))
     return (
@@ -265,8 +265,9 @@ def train_and_evaluate(
     key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One federated run on ``device``; returns accuracy, final weights and the true aggregate
-    noise. Robust-HDP estimates its weights once, after round 1, and freezes them (the reference
-    code's schedule, spec A1 "freeze_after_first" for Tables 12-14), so RPCA runs once per run.
+    noise. Robust-HDP estimates its weights once, after round 1, and freezes them (the authors'
+    reference code's schedule, used for Tables 12-14; docs/robust-hdp.md), so RPCA runs once per
+    run.
 
     With ``checkpoint``, the run's state (server model, round, participation, generator state,
     the aggregator's estimates) is saved there every :data:`CHECKPOINT_EVERY_S` seconds, and a
@@ -463,8 +464,8 @@ def _write_table(
             f"Status: {status}. Cells: ours (paper, ours - paper); ± is the std over seeds.",
             "noise = NoiseAgg of Table 3: sum_i w_i^2 sigma_i^2 / (p eta_l^2), TRUE Eq. 7 "
             "variances (none for PFA, whose projection of the private updates the formula does "
-            "not describe; Table 3 leaves PFA out too). Robust-HDP weights: RPCA once after round 1, then frozen (reference code, "
-            "spec A1).",
+            "not describe; Table 3 leaves PFA out too). Robust-HDP weights: RPCA once after round 1, then frozen (the "
+            "authors' reference code).",
             "",
             "| method | " + " | ".join(dists) + " |",
             "|---|" + "---|" * len(dists),
@@ -507,7 +508,7 @@ def _accuracy_table(preset_name: str):
         overrides: dict[str, str] | None = None,
         resume: bool = False,
     ) -> dict[str, Any]:
-        """Tables 12-14 (spec §5); ``overrides``: dists, methods, rounds, seeds. ``resume``
+        """Tables 12-14 (App. F.1); ``overrides``: dists, methods, rounds, seeds. ``resume``
         keeps the finished cells of an earlier run in ``out_dir`` and continues its cut-off
         cell (:class:`CellStore`)."""
         pre = load_preset(preset_name)
@@ -617,7 +618,7 @@ def run_falsified(
     overrides: dict[str, str] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Spec §6: client 0 (true eps 0.95 in Dist5) reports eps' > 0.95 to the server.
+    """Fig. 5 right (Section 4.2): client 0 (true eps 0.95 in Dist5) reports eps' > 0.95.
 
     ``overrides``: ``rounds``, ``methods`` (subset of :data:`FALSIFIED_METHODS`), ``reported``
     (the eps' grid); ``resume``: as for the tables (:class:`CellStore`)."""
@@ -684,7 +685,7 @@ def run_falsified(
     setting = (
         "QUICK (linear model, 6 clients x 200 samples, 2 rounds)"
         if quick
-        else f"FULL data (20 clients x 3000 samples, the spec's CNN), {rounds} rounds"
+        else f"FULL data (20 clients x 3000 samples, the paper's CNN, Table 5), {rounds} rounds"
         + ("" if rounds == 200 else " (the paper's 200 rounds cut; z_i calibrated for these)")
     )
     report = "\n".join(
@@ -758,7 +759,7 @@ def falsified_checks(
     eps: list[float],
     quick: bool,
 ) -> dict[str, bool]:
-    """The checks of spec §6 and oracle O2 over the methods that ran (cells in ``grid`` order).
+    """The checks of Fig. 5 right (Section 4.2, RQ3) over the methods that ran (``grid`` order).
 
     Robust-HDP and DPFedAvg never read the reported eps: identical weights and accuracy.
     WeiAvg's falsifier weight is ``eps'/(eps' + sum of the others)`` and its aggregate noise is

@@ -1,7 +1,7 @@
 """Robust-HDP Table 3 (Malekmohammadi, Yu & Cao, ICML 2024): closed-form aggregate noise.
 
 ``robust-hdp-table3``: NoiseAgg(w) of WeiAvg, DPFedAvg, minEps and the Oracle for Dist1..Dist9
-(spec §2.4), the paper's values beside ours.
+(Eq. 3 and Eq. 7; docs/robust-hdp.md), the paper's values beside ours.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PAPER_TABLE3 = {
     "minEps": [4.68, 103.91, 103.91, 127.18, 103.91, 1868.45, 74.41, 241.37, 87.15],
     "Oracle": [0.27, 0.47, 0.07, 0.64, 0.39, 7.60, 2.25, 13.81, 5.93],
 }
-# cells the spec finds inconsistent (smallest eps lists; Oracle Dist3 printed below its rounding)
+# cells our closed form does not match (smallest eps lists; Oracle Dist3 printed below its rounding)
 TABLE3_EXCEPTIONS = {("DPFedAvg", 6), ("minEps", 6), ("minEps", 8), ("Oracle", 3)}
 
 
@@ -32,7 +32,7 @@ def run_table3(
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Table 3 closed form (spec §2.4) for Dist1..Dist9, paper values beside ours.
+    """Table 3 closed form (Eq. 3 and Eq. 7) for Dist1..Dist9, paper values beside ours.
 
     A closed form: ``device`` is ignored and no override is accepted."""
     parse_overrides(overrides, accepted=(), methods=())
@@ -73,7 +73,7 @@ def run_table3(
             "|---|---|---|",
             *lines,
             "",
-            "Cells not expected within 2% (spec §2.4, O5): DPFedAvg Dist6 and minEps Dist6/Dist8 "
+            "Cells not expected within 2%: DPFedAvg Dist6 and minEps Dist6/Dist8 "
             "(eps <= 0.17: z depends steeply on the RDP order grid and accountant details; the "
             "paper's variant is unknown), Oracle Dist3 (exact 0.0755 printed 0.07). The Robust-HDP "
             "row of Table 3 needs real RPCA estimates and is not a closed form.",

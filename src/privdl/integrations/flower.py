@@ -102,7 +102,7 @@ def _strategy_class() -> type:
 
         Args:
             reestimate_every: 1 re-runs robust PCA every round (Algorithm 1); ``None`` estimates
-                once and freezes the weights (the reference code, spec A1); a client never seen
+                once and freezes the weights (the authors' reference code); a client never seen
                 before triggers a new estimate.
             estimate_kwargs: options of :func:`privdl.robust.estimate_noise_levels`
                 (``chunk_rows``, ``max_blocks``, ``max_iter``, ...).

@@ -2,10 +2,10 @@
 
 DECOR adds to node i's gradient sum_{j in N_i} v_ij + vbar_i with v_ij = -v_ji ~ N(0, sigma_cor^2 I_d)
 fresh at each step t, and vbar_i ~ N(0, sigma_cdp^2 I_d) (paper eq. 3). In matrix form (Alg 4,
-spec s.2.3) N^(t) = K Z^(t) with K the n x |E| signed incidence matrix (+1 at the lower endpoint,
--1 at the upper) and Z^(t) the |E| x d matrix of edge noises z_e^(t) = sigma_cor * stream(s_e, t).
-Every z_e is added once and subtracted once, so sum_i N_i = 0 structurally and, per coordinate,
-Cov(N) = sigma_cor^2 K K^T = sigma_cor^2 L.
+DECOR Algorithm 4, App. B.1) N^(t) = K Z^(t) with K the n x |E| signed incidence matrix (+1 at the
+lower endpoint, -1 at the upper) and Z^(t) the |E| x d matrix of edge noises z_e^(t) = sigma_cor *
+stream(s_e, t). Every z_e is added once and subtracted once, so sum_i N_i = 0 structurally and, per
+coordinate, Cov(N) = sigma_cor^2 K K^T = sigma_cor^2 L.
 
 Node-major layout: tensors here are (nodes, size); the paper's X is (d, n), i.e. the transpose.
 """
@@ -48,7 +48,7 @@ def incidence_matrix(
 ) -> torch.Tensor:
     """Signed incidence matrix K (n x |E|): K[u, e] = +1, K[v, e] = -1 for e = (u, v), u < v.
 
-    Spec s.2.3 (Alg 4): N = K Z and K K^T = L, the graph Laplacian. Sparse COO by default.
+    DECOR Algorithm 4 (App. B.1): N = K Z and K K^T = L, the graph Laplacian. Sparse COO by default.
     """
     array = as_edge_array(edges, n_nodes)
     n_edges = len(array)
@@ -81,7 +81,7 @@ def correlated_noise(
     nodes: Sequence[int] | None = None,
     backend: NormalBackend = "auto",
 ) -> torch.Tensor:
-    """Rows sum_{j in N_i} v_ij^(t) of N^(t) = K Z^(t) (DECOR Alg 1 line 3, Alg 4; spec s.2.3).
+    """Rows sum_{j in N_i} v_ij^(t) of N^(t) = K Z^(t) (DECOR Alg 1 line 3, Alg 4).
 
     ``edge_keys[e]`` is the secret of ``edges[e]`` (u < v); ``counter`` is the iteration t, so the
     noise is fresh at every step. Node u receives +z_e and node v receives -z_e, z_e =

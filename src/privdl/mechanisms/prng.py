@@ -1,11 +1,12 @@
-"""Counter-based Gaussian streams keyed by a secret (DECOR, Alg 1 line 3; spec decor.md s.2.2, s.7.5).
+"""Counter-based Gaussian streams keyed by a secret (DECOR Alg 1 line 3; docs/secrets.md s.2).
 
 DECOR needs noise that two parties can regenerate bit-for-bit from a shared secret (the edge seed
 s_ij of the paper, s.2) and that is *fresh at every iteration t* (the paper's "uncorrelated across
-iterations"; the official code's reuse of one draw is the bug of spec s.7.4). A counter-based
-generator gives both: the row for stream key ``k`` at step ``t`` is a pure function of ``(k, t)``,
-so it does not depend on which other rows are generated in the same call, on how nodes are sharded
-over processes, or on what was drawn before (no hidden generator state to checkpoint).
+iterations"; the official code's reuse of one draw is a bug that voids its accounting,
+docs/reproductions-decor.md). A counter-based generator gives both: the row for stream key ``k`` at
+step ``t`` is a pure function of ``(k, t)``, so it does not depend on which other rows are generated
+in the same call, on how nodes are sharded over processes, or on what was drawn before (no hidden
+generator state to checkpoint).
 
 Backends
 --------

@@ -1,4 +1,4 @@
-"""Per-edge secrets for DECOR: X25519 key agreement + HKDF-SHA256 (paper s.2; spec decor.md s.1.2, s.2.1).
+"""Per-edge secrets for DECOR: X25519 key agreement + HKDF-SHA256 (paper s.2; docs/secrets.md).
 
 DECOR assumes that every edge {i, j} shares a secret seed S_ij known to i and j only, "agreed once
 with one round of encrypted communication" (paper s.2, as in secure aggregation). This module is
@@ -255,7 +255,7 @@ def agree_edge_secrets(
     seed: int | bytes | None = None,
     session_id: bytes | str = b"",
 ) -> EdgeSecrets:
-    """Run DECOR's one-round secret setup (paper s.2; spec s.2.1) for the nodes owned here.
+    """Run DECOR's one-round secret setup (paper s.2; docs/secrets.md) for the nodes owned here.
 
     Every owned node makes an X25519 key pair (OS randomness, or derived from ``seed`` -- INSECURE,
     for reproducible simulation only: anyone who knows the seed knows every secret), publishes its

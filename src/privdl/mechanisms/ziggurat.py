@@ -1,6 +1,6 @@
 """Keyed Gaussian streams by AES-256-CTR and the ziggurat method (noise backend ``"aes-ziggurat"``).
 
-The CPU backend for DECOR's keyed noise (Alg 1 line 3; spec decor.md s.2.2) and every other
+The CPU backend for DECOR's keyed noise (Alg 1 line 3; docs/secrets.md section 2.2) and every other
 per-node Gaussian draw. Same contract as the ``"chacha20"`` backend of :mod:`privdl.mechanisms.prng`
 (row k is a pure function of ``(key_k, counter, substream)``) at about a third of its cost: 4 bytes of
 keystream per normal instead of 6, and a table lookup instead of log, sqrt, sin and cos.

@@ -1,4 +1,4 @@
-"""Stacked ResNets for CIFAR (Robust-HDP, specs/robust-hdp.md section 5.2 "Models").
+"""Stacked ResNets for CIFAR (Robust-HDP App. B.1, Table 6 "Models").
 
 * ``resnet18-gn``: torchvision layout (7x7 stride-2 stem, 3x3 stride-2 max-pool, BasicBlocks
   [2, 2, 2, 2], global average pool, fc 512 -> classes) with GroupNorm(2 groups) in place of

@@ -11,8 +11,9 @@ each, average the extrapolated estimates (p/p') ||S_q[:,i]||^2 over blocks (``ma
 paper's CIFAR setting: the first p' = 200,000 rows only). The paper writes the factor as Q; we use
 p/p' (the reference code's factor), which equals Q when p' divides p; it cancels in the weights.
 
-Two schedules (spec A1): the paper re-estimates every round (``reestimate_every=1``); the reference
-code estimates once after round 1 and freezes the weights (``reestimate_every=None``).
+Two schedules (Algorithm 1 and the authors' reference code): the paper re-estimates every round
+(``reestimate_every=1``); the reference code estimates once after round 1 and freezes the weights
+(``reestimate_every=None``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def inverse_variance_weights(sigma2: Tensor, *, floor_ratio: float = 1e-12) -> T
     """Eq. 8 optimum ``w_i = (1/sigma_i^2) / sum_j (1/sigma_j^2)``.
 
     Estimates below ``floor_ratio * max_j sigma_j^2`` are clamped there with a
-    :class:`DegenerateNoiseWarning` (spec A4: a noise-free client would otherwise divide by 0).
+    :class:`DegenerateNoiseWarning` (a noise-free client would otherwise divide by 0;
+    docs/robust-hdp.md).
     """
     if sigma2.ndim != 1 or sigma2.numel() == 0:
         raise ConfigError("sigma2 must be a non-empty 1-D tensor")

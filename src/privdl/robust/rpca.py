@@ -18,8 +18,8 @@ Lin, Chen & Ma 2010, Algorithm 5 "inexact ALM"):
 
 Stopping: ``||M - L - S||_F <= tol * ||M||_F`` (relative, default 1e-7) or absolute. Hitting
 ``max_iter`` emits :class:`RPCANotConvergedWarning`: an early-stopped S gives biased noise estimates
-(Robust-HDP spec §3.2). Works in torch on any device, float32 or float64 (use float64 for tol 1e-7;
-float32 cannot reach it on large matrices and will warn).
+(Robust-HDP Algorithm 3; docs/robust-hdp.md). Works in torch on any device, float32 or float64 (use
+float64 for tol 1e-7; float32 cannot reach it on large matrices and will warn).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ delta = 1e-4), so the table is a closed form except the Robust-HDP row (RPCA est
 noise multipliers z_i come from the reference code's accountant: RDP of the Poisson-subsampled
 Gaussian (Mironov, Talwar & Zhang 2019) on orders 1.1..10.9 (step 0.1) and 12..64, the classic
 conversion eps = min_a [T rdp(a) + log(1/delta)/(a - 1)], T = K E N/b steps, bisection on
-[0.001, 1000], z rounded to 2 decimals (spec §1, A10, A11).
+[0.001, 1000], z rounded to 2 decimals (as the authors' reference code does).
 
-Weight rules (spec §4): WeiAvg w ∝ eps_i; DPFedAvg w ∝ N_i; minEps: every client uses
+Weight rules (Table 1, App. B.3): WeiAvg w ∝ eps_i; DPFedAvg w ∝ N_i; minEps: every client uses
 z(min_j eps_j) and w ∝ N_i; Oracle: w ∝ 1/sigma_i^2 (Eq. 8).
 """
 
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-# Appendix A of the spec (Saber-mm/HDPFL utils/privacy_params.py): the 20-client lists.
+# The authors' reference code's fixed eps lists (Table 7's draws): the 20-client lists.
 BATCH_SIZES_20: tuple[int, ...] = (
     32, 64, 16, 32, 16, 16, 16, 32, 32, 64, 32, 64, 16, 128, 16, 64, 32, 64, 16, 16,
 )  # fmt: skip

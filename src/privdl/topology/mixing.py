@@ -3,8 +3,9 @@
 Each rule is named and none is substituted silently:
 
 - ``decor``: the DECOR paper's weights, ``W_ij = 1/(deg(i)+1)`` for ``j`` a neighbour of ``i`` or
-  ``j = i`` (DECOR §6 / spec §2.5). Row-stochastic; symmetric (hence doubly stochastic) only on
-  regular graphs, so it is refused on irregular graphs where double stochasticity is needed.
+  ``j = i`` (DECOR Section 6, with the self-weight as the authors' reference code has it).
+  Row-stochastic; symmetric (hence doubly stochastic) only on regular graphs, so it is refused on
+  irregular graphs where double stochasticity is needed.
 - ``metropolis``: Metropolis–Hastings, ``W_ij = 1/(1 + max(deg i, deg j))`` on edges, the rest of
   the row on the diagonal. Symmetric and doubly stochastic on any graph.
 - ``max-degree``: uniform weights ``1/(d_max + 1)`` on edges, the rest on the diagonal.

@@ -1,4 +1,4 @@
-"""Time-varying directed graphs for push-sum (PrivSGP-VR Appendix D, spec §6.1).
+"""Time-varying directed graphs for push-sum (PrivSGP-VR Appendix D).
 
 The exponential graph on ranks ``0..n-1``: at iteration ``k`` every node sends one message, to
 ``(r + h_k) mod n`` with hop ``h_k = 2^(k mod m)`` and period ``m = (n-1).bit_length()``; the
@@ -43,7 +43,7 @@ class ExponentialGraph:
 
     @cached_property
     def hops(self) -> tuple[int, ...]:
-        """The hop list cycled through, one hop per iteration (spec §6.1, T2)."""
+        """The hop list cycled through, one hop per iteration (PrivSGP-VR Appendix D)."""
         if self.n == 1:
             return (0,)
         m = (self.n - 1).bit_length()
