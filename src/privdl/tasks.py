@@ -44,7 +44,7 @@ def _all_nodes(nodes: Sequence[int] | None, n: int) -> bool:
 
 @dataclass
 class LeastSquaresTask:
-    """``L_i(x) = 1/2 ||A_i x - b_i||^2`` with ``A_i = (i/sqrt n) I`` (DECOR §6.2).
+    """``L_i(x) = 1/2 ||A_i x - b_i||^2`` with ``A_i = (i/sqrt n) I`` (DECOR §6.1).
 
     Every node uses its full local gradient (no sampling); the clipping the algorithm asks for is
     applied to that gradient (user-level).

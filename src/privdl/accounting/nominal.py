@@ -299,7 +299,7 @@ def privsgp_plan(
 
 # --------------------------------------------------------------------------- PORTER
 def porter_phi(*, dim: int, local_samples: int, epsilon: float, delta: float) -> float:
-    """phi_m = sqrt(d log(1/delta)) / (m eps), the centralised DP-SGD utility (PORTER s.1.5)."""
+    """phi_m = sqrt(d log(1/delta)) / (m eps), the centralised DP-SGD utility (PORTER Theorem 1)."""
     check_delta(delta)
     return math.sqrt(dim * (-math.log(delta))) / (local_samples * epsilon)
 

@@ -1,4 +1,4 @@
-"""Server aggregation rules for heterogeneous-DP federated learning (Robust-HDP, Table 1, §4).
+"""Server aggregation rules for heterogeneous-DP federated learning (Robust-HDP, Table 1, App. B.3).
 
 Every rule maps one round's uploaded updates ``Delta_i`` (columns of a ``(p, k)`` matrix, the k
 participating clients) to weights ``w_i >= 0`` with ``sum_i w_i = 1`` and, for PFA only, modified

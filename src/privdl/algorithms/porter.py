@@ -110,7 +110,7 @@ class Porter:
             raise ConfigError(f"sigma_p must be a finite number >= 0, got {self.sigma_p}")
 
     def init(self, params: Tree, oracle: object, comm: Communicator, *, keys: Keys) -> PorterState:
-        """Initialisation §2.2: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``.
+        """Algorithm 1's init: ``Q_x = X^0``, ``V = Q_v = G_p = 0``; all agents share ``X^0``.
 
         ``params`` holds the rows of the agents ``comm`` owns; the noise keys are derived for
         those global ids, so a sharded run draws the same noise as the simulator. ``keys.seed``

@@ -1,6 +1,6 @@
 """UCI Adult and its a9a encoding (123 binary features), rebuilt from the raw census files.
 
-a9a is the LIBSVM version of Adult used by DECOR (s.6.3, Fig 1b) and PORTER (s.6.3, Fig 2): 32,561
+a9a is the LIBSVM version of Adult used by DECOR (s.6.1, Fig 1b) and PORTER (s.5.1, Fig 2): 32,561
 training and 16,281 test rows, 123 binary features (Platt 1998: continuous columns quantile-binned,
 categoricals one-hot). LIBSVM's file is not shipped anywhere we can use, so ``load_a9a`` REBUILDS it
 from the raw Adult files; it is not LIBSVM's byte-identical file (the quantile bin edges are ours,

@@ -4,7 +4,7 @@ The engine keeps every node's local dataset in one padded tensor (n, m_max, ...)
 sizes m_i in ``counts``, so one kernel serves all nodes (DESIGN.md: no Python loop over nodes).
 ``sample_batches`` draws every node's minibatch indices at once:
 
-* ``"without_replacement"`` — B distinct local indices per node, uniformly (DECOR s.6.3-6.4 batch
+* ``"without_replacement"`` — B distinct local indices per node, uniformly (DECOR Figs 1b-1c batch
   64; PORTER's b-sample minibatches): random keys on valid slots, ``topk`` of the smallest.
 * ``"with_replacement"`` — B i.i.d. uniform local indices (PrivSGP-VR Alg 1 xi_i^k, SGD theory).
 * ``"poisson"`` — each local sample joins independently with rate q_i = B / m_i (the subsampled

@@ -1,6 +1,6 @@
 """CIFAR-10: reader for user-supplied ``cifar-10-batches-py`` pickles, and a synthetic stand-in.
 
-CIFAR-10 is used by PrivSGP-VR (s.7.1, ResNet-18) and Robust-HDP (s.5.2, Appendix G). No package
+CIFAR-10 is used by PrivSGP-VR (s.5, ResNet-18) and Robust-HDP (App. B.1, Appendix G). No package
 ships it and nothing here downloads it: users point ``data_dir`` (or ``$PRIVDL_DATA_DIR``) at a
 folder holding ``cifar-10-batches-py/`` (or the batch files themselves). Pickles are decoded with a
 restricted unpickler that only builds numpy arrays, lists and plain values, so a hostile file

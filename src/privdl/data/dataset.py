@@ -5,7 +5,7 @@ Normalisation follows the papers:
 * MNIST: (x/255 - 0.1307) / 0.3081 (DECOR's reference code; Robust-HDP App. B.1). PORTER does not
   state its scaling and the authors' NDA code uses x/255: use ``normalize="unit"``.
 * Fashion-MNIST: Robust-HDP's code reuses the MNIST constants (0.1307, 0.3081); so do we.
-* CIFAR-10: (x/255 - 0.5) / 0.5 per channel (Robust-HDP s.5.2).
+* CIFAR-10: (x/255 - 0.5) / 0.5 per channel (Robust-HDP App. B.1).
 * a9a: binary features, no scaling.
 """
 

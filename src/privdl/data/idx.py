@@ -1,7 +1,7 @@
 """MNIST and Fashion-MNIST: IDX reader, SHA-256 verification, lookup and optional download.
 
-Used by DECOR Task C (s.6.4), PORTER Experiment B (s.6.4), PrivSGP-VR Appendix E and Robust-HDP
-(s.5.2). Files are looked up in ``data_dir``, then ``$PRIVDL_DATA_DIR``, then the cache directory
+Used by DECOR Fig 1c (s.6.2), PORTER Fig 3 (s.5.2), PrivSGP-VR Appendix E and Robust-HDP
+(App. B.1). Files are looked up in ``data_dir``, then ``$PRIVDL_DATA_DIR``, then the cache directory
 (``$XDG_CACHE_HOME/privdl`` or ``~/.cache/privdl``), as ``DIR/<name>/<file>`` or ``DIR/<file>``,
 gzip or plain. Missing files are downloaded from the canonical mirror into the cache when
 ``download`` is true and ``$PRIVDL_OFFLINE`` is unset; otherwise DataError says what is missing,

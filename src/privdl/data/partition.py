@@ -1,11 +1,11 @@
 """Disjoint partitioners of a labelled training set across n nodes / clients.
 
-* ``partition_iid`` — shuffle, then split evenly (PORTER s.6.1, PrivSGP-VR s.7, Robust-HDP's
+* ``partition_iid`` — shuffle, then split evenly (PORTER s.5, PrivSGP-VR s.5, Robust-HDP's
   iid experiments).
 * ``partition_shards`` — sort by label, cut into ``n * shards_per_part`` shards, give each part
-  ``shards_per_part`` random shards (McMahan et al. 2017; Robust-HDP s.5.2, Tables 4 and 22, m = 8).
+  ``shards_per_part`` random shards (McMahan et al. 2017; Robust-HDP Tables 4 and 22, m = 8).
 * ``partition_dirichlet`` — for each class, proportions p ~ Dir(alpha 1_n) over the parts
-  (Wang et al. 2019; DECOR s.6.3-6.4 with alpha = 10, Robust-HDP App. G with alpha = 1).
+  (Wang et al. 2019; DECOR's Figs 1b-1c with alpha = 10, Robust-HDP App. G with alpha = 1).
   Chunks are cut at cumulative offsets, so they are disjoint by construction. DECOR's reference
   ``draw_indices`` does not accumulate offsets and lets chunks overlap (docs/reproductions-decor.md,
   "Deviations"); that buggy split is deliberately not reproduced.
@@ -53,7 +53,7 @@ def partition_iid(
     """Shuffle and split evenly (part sizes differ by at most one).
 
     With ``drop_remainder`` every part gets floor(N / n_parts) samples and the rest are unused
-    (PORTER s.6.3: m = floor(32561/10) = 3256).
+    (PORTER s.5.1: m = floor(32561/10) = 3256).
     """
     y = _check(labels, n_parts)
     rng = _generator(rng)

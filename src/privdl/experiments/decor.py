@@ -5,11 +5,11 @@ docs/reproductions-decor.md). Every run goes through the library (``runner.build
 topology, calibration, :class:`~privdl.algorithms.decor.Decor`/D-SGD, accountant); the loop here
 only records the metrics the paper plots.
 
-* ``decor-fig1a`` -- least squares (s.6.2), optimality gap (1/n) sum ||x_i - x*||^2 averaged over
+* ``decor-fig1a`` -- least squares (s.6.1), optimality gap (1/n) sum ||x_i - x*||^2 averaged over
   the last 199 iterates as the code computes it, and L(xbar) - L*; the paper's (sigma_cdp,
   sigma_cor) pairs with their accounted epsilon beside our conservative calibration.
-* ``decor-fig1b`` -- logistic regression on the a9a rebuild (s.6.3), gap = train BCE - L*.
-* ``decor-fig1c`` -- MNIST MLP, example-level (s.6.4): the paper's budgets (the code's uncomposed
+* ``decor-fig1b`` -- logistic regression on the a9a rebuild (s.6.1), gap = train BCE - L*.
+* ``decor-fig1c`` -- MNIST MLP, example-level (s.6.2): the paper's budgets (the code's uncomposed
   per-step number, labelled as not a valid guarantee) and correctly accounted budgets.
 * ``decor-fig2`` / ``decor-fig3`` -- the accountant curves (App. D.1).
 """

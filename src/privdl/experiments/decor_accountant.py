@@ -190,7 +190,7 @@ def fig3_values(p: dict[str, Any], sigma_cors, *, with_rdp: bool = True) -> dict
 
 
 def run_fig3(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    """Fig 3: example-level eps vs sigma_cor; the legacy curve and the composed ones (s.4.7)."""
+    """Fig 3: example-level eps vs sigma_cor; the legacy curve and the composed ones (App. D.1)."""
     p = load_preset("decor-fig3")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ from privdl.topology import parse_graph
 
 
 def _legacy_sigmas(alg, topo_spec, *, eps, clip, batch, rate, grid, cor_max):
-    """Noise for a legacy (uncomposed) budget, calibrated as the reference code does (s.6.4)."""
+    """Noise for a legacy (uncomposed) budget, calibrated as the reference code does (App. D.1)."""
     rho = legacy_step_rdp_for_epsilon(eps, sampling_rate=rate)
     c = clip / batch
     s_ldp = c * math.sqrt(2.0 / rho)

@@ -11,7 +11,7 @@ reports neither T nor its tuned step sizes); the full mode's step sizes were tun
 ``experiments/studies/tune_porter.py``. Utility (docs/porter.md) is
 ``||grad f(x_bar)||^2`` on the training set, regulariser included, and its running average.
 
-Tasks: :class:`NonconvexLogisticTask` (a9a, eq. in §6.3: logistic loss plus
+Tasks: :class:`NonconvexLogisticTask` (a9a, eq. in PORTER §5.1: logistic loss plus
 ``lambda sum_k x_k^2/(1 + x_k^2)`` INSIDE each sample's loss, hence inside the clipping) and
 :class:`MLPTask` (MNIST, one hidden layer of 64 sigmoid units, d = 50,890).
 """

@@ -284,7 +284,7 @@ def resolve_common(recipe: Recipe, cfg: Any, given: Mapping[str, Any]) -> Any:
     if cfg.task == "least-squares" and ignored:
         raise ConfigError(
             "least-squares has its own linear model and per-node data, and every node takes its "
-            f"full local gradient (DECOR §6.2): drop {', '.join(ignored)}, or pick a supervised "
+            f"full local gradient (DECOR §6.1): drop {', '.join(ignored)}, or pick a supervised "
             "task (a9a, mnist, fashion-mnist, cifar10, synthetic-cifar10)"
         )
     if cfg.delta is not None and not 0.0 < cfg.delta < 1.0:

@@ -32,7 +32,7 @@ class Topology:
     """An undirected simple graph on nodes ``0..n-1`` with its spectral facts.
 
     ``edges`` is an ``(|E|, 2)`` integer array with ``u < v`` in each row, sorted; it fixes the
-    orientation used for pairwise-cancelling noise (DECOR §2.3: +1 at the lower endpoint).
+    orientation used for pairwise-cancelling noise (DECOR Algorithm 4: +1 at the lower endpoint).
     """
 
     name: str
@@ -88,7 +88,7 @@ class Topology:
     def incidence(self) -> sp.csr_matrix:
         """Signed incidence matrix ``K`` (n x |E|): +1 at the lower endpoint, -1 at the upper.
 
-        ``K K^T = L`` (DECOR Algorithm 4, §2.3).
+        ``K K^T = L`` (DECOR Algorithm 4, App. B.1).
         """
         e = self.edges
         m = e.shape[0]
