@@ -127,7 +127,9 @@ def aggregate_arrays(
     shapes = {name: np.shape(global_arrays[name]) for name in keys}
     for arrays in client_arrays:
         if set(arrays) != set(keys) or any(np.shape(arrays[n]) != shapes[n] for n in keys):
-            raise ConfigError("a client returned arrays whose names or shapes differ from the global")
+            raise ConfigError(
+                "a client returned arrays whose names or shapes differ from the global"
+            )
     if aggregator.uses_reported_eps and reported_epsilons is None:
         raise ConfigError(f"aggregator {aggregator.name} needs the epsilon each client reports")
     theta = _flat(global_arrays, keys)
@@ -379,7 +381,7 @@ def dp_client_app(setup: Callable[[Any], DPClient], *, seed: int | None = None) 
     @app.train()
     def train(msg: Any, context: Any) -> Any:
         client = setup(context)
-        config = next(iter(msg.content.config_records.values()), {})
+        config: Any = next(iter(msg.content.config_records.values()), {})
         server_round = int(config.get("server-round", 0))
         state = context.state.config_records.get(STATE_KEY)
         spent = int(state["rounds"]) if state is not None else 0
@@ -403,7 +405,9 @@ def dp_client_app(setup: Callable[[Any], DPClient], *, seed: int | None = None) 
         )
         content = RecordDict(
             {
-                "arrays": ArrayRecord({name: Array(np.ascontiguousarray(v)) for name, v in new.items()}),
+                "arrays": ArrayRecord(
+                    {name: Array(np.ascontiguousarray(v)) for name, v in new.items()}
+                ),
                 "metrics": metrics,
                 "privacy": ConfigRecord(_budget_record(budget)),
             }
@@ -490,7 +494,9 @@ def _strategy_class() -> type:
             ids = [self.client_index.setdefault(n, len(self.client_index)) for n in nodes]
             reported = None
             if self.aggregator.uses_reported_eps:
-                missing = [n for n, m in zip(nodes, metrics, strict=True) if self.epsilon_key not in m]
+                missing = [
+                    n for n, m in zip(nodes, metrics, strict=True) if self.epsilon_key not in m
+                ]
                 if missing:
                     raise ConfigError(
                         f"aggregator {self.aggregator.name} needs metric {self.epsilon_key!r}, "
