@@ -148,3 +148,11 @@ def test_strategy_needs_global_parameters() -> None:
     with pytest.raises(ConfigError, match="global parameters"):
         RobustHDPStrategy().aggregate_fit(1, _fit_results(cs, ["a", "b"]), [])
     assert RobustHDPStrategy().aggregate_fit(1, [], []) == (None, {})
+
+
+def test_legacy_strategy_is_deprecated() -> None:
+    pytest.importorskip("flwr")
+    from privdl.integrations.flower import RobustHDPStrategy
+
+    with pytest.warns(DeprecationWarning, match="flower_app.HDPStrategy"):
+        RobustHDPStrategy()

@@ -1,4 +1,11 @@
-"""Robust-HDP aggregation as a Flower strategy (optional extra: ``pip install "privdl[flower]"``).
+"""Robust-HDP aggregation as a legacy Flower strategy (optional extra: ``pip install "privdl[flower]"``).
+
+.. deprecated::
+    :data:`RobustHDPStrategy` subclasses Flower's legacy ``flwr.server.strategy.FedAvg``
+    (``fit``/``evaluate`` with ``Parameters``); constructing it emits a ``DeprecationWarning``.
+    Use :mod:`privdl.integrations.flower_app` (Flower's Message API: ``HDPStrategy`` with
+    ``start(grid=...)``, and a DP-SGD ``ClientApp``) instead. It keeps working while Flower
+    ships the legacy API.
 
 Robust-HDP (Malekmohammadi, Yu & Cao, ICML 2024), Algorithm 1 lines 3-7, on the server of a
 Flower deployment. Flower clients return their locally trained parameters; the strategy forms
@@ -17,6 +24,7 @@ epsilons. ``flwr`` is imported only when :data:`RobustHDPStrategy` is first used
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +108,9 @@ def _strategy_class() -> type:
     class RobustHDPStrategy(FedAvg):
         """FedAvg's client sampling and evaluation with Robust-HDP's noise-aware aggregation.
 
+        Deprecated (a ``DeprecationWarning`` on construction): use
+        :data:`privdl.integrations.flower_app.HDPStrategy` on Flower's Message API.
+
         Args:
             reestimate_every: 1 re-runs robust PCA every round (Algorithm 1); ``None`` estimates
                 once and freezes the weights (the authors' reference code); a client never seen
@@ -119,6 +130,12 @@ def _strategy_class() -> type:
             estimate_kwargs: dict[str, Any] | None = None,
             **fedavg_kwargs: Any,
         ) -> None:
+            warnings.warn(
+                "RobustHDPStrategy is built on Flower's legacy strategy API and is deprecated; "
+                "use privdl.integrations.flower_app.HDPStrategy (Flower's Message API)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             super().__init__(**fedavg_kwargs)
             self.aggregator = RobustHDP(
                 reestimate_every=reestimate_every, **(estimate_kwargs or {})
