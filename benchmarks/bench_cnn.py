@@ -1,4 +1,4 @@
-"""Per-sample clipping of the Robust-HDP MNIST CNN (specs/robust-hdp.md s.5; issue 7's local step).
+"""Per-sample clipping of the Robust-HDP MNIST CNN (paper App. B.1; issue 7's local step).
 
 20 clients, batch 128 each (the largest of the paper's batch sizes), CNN conv 1->16 k5, pool,
 conv 16->32 k5, pool, fc 1568->10 (p = 28,938), per-example clipping at c = 3. Timed (median

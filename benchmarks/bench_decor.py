@@ -1,4 +1,4 @@
-"""DECOR step cost on the MNIST setting (DECOR spec s.6.4; issue 4 "Performance").
+"""DECOR step cost on the MNIST setting (DECOR paper Section 6.2; issue 4 "Performance").
 
 n = 16 nodes on the 4x4 torus and on the ring, MLP 784-128-10, batch 64 of random MNIST-shaped
 data, per-example clipping at C = 1, sigma_cdp = 0.01, sigma_cor = 0.05, W = 1/(deg+1).

@@ -1,4 +1,4 @@
-"""Vectorized engine vs a faithful per-node loop, DECOR MNIST setting (specs/decor.md s.6.4).
+"""Vectorized engine vs a faithful per-node loop, DECOR MNIST setting (paper Section 6.2).
 
 n = 16 nodes, MLP 784-128-10, batch 64, per-example clipping at C = 1, SGD lr 0.1, Gaussian noise.
 

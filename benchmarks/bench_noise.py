@@ -1,4 +1,4 @@
-"""Cost of DECOR's noise per step, MNIST setting (specs/decor.md s.6.4): n = 16, P = 101,770, float32.
+"""Cost of DECOR's noise per step, MNIST setting (paper Section 6.2): n = 16, P = 101,770, float32.
 
 For the 4x4 torus (32 edges) and the ring (16 edges), and for each normal-stream backend, times one
 step's correlated noise N^(t) = K Z^(t) (|E| streams) plus independent noise vbar^(t) (n streams),

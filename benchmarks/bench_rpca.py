@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_rpca.py [--device cpu|cuda] [--rows 200000] [--clients 20]
                                        [--method admm|ialm] [--max-iter 300]
-Data: a weak rank-2 signal plus heterogeneous Gaussian noise (spec oracle O11). Reports time,
+Data: a weak rank-2 signal plus heterogeneous Gaussian noise (docs/robust-hdp.md, Robust PCA benchmark). Reports time,
 iterations, time per iteration and the aggregate noise of the estimated weights relative to
 the oracle, for float32 and float64.
 """

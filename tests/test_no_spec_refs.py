@@ -1,6 +1,6 @@
-"""No reference in ``src/privdl`` to the design notes ("specs") that are not in the repository.
+"""No reference in the sources, tests, benchmarks, examples and tools to the design notes ("specs") that are not in the repository.
 
-The sources cite the papers (section, equation, algorithm line, table, figure), the authors'
+They cite the papers (section, equation, algorithm line, table, figure), the authors'
 reference code, or our own docs pages; never a section of a spec file a reader cannot open.
 "Graph spec", "compressor spec", "spec string" and the like (a string such as ``ring:16``) are
 ordinary words and are not flagged.
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "privdl"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "privdl"
+#: Further folders whose ``*.py`` are scanned (this file excluded: it quotes the patterns).
+OTHER_DIRS = ("tests", "benchmarks", "examples", "tools")
 
 #: What a reference to a design note looks like.
 SPEC_REF = re.compile(
@@ -24,18 +27,25 @@ SPEC_REF = re.compile(
     | \bspec\s+(?:[A-Z]{1,2}\d+|\d+(?:\.\d+)*)\b # spec A7, spec D11, spec O5, spec 5.2
     | \bspec\s+(?:item|value|re-?simulation)\b     # spec item 15, "= spec value"
     | \b(?:the|paper\s*/\s*|vs\.?)\s*spec(?:'s)?\b(?!\s+string)  # the spec's CNN, paper/spec
+    | \bspec\s+oracles?\b                         # spec oracle O11
+    | \b(?:DECOR|PORTER|PrivSGP-VR|Robust-HDP)\s+spec\b  # the DECOR spec's LDP table
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 
 
 def _files() -> list[Path]:
-    return sorted([*SRC.rglob("*.py"), *(SRC / "presets").glob("*.toml")])
+    here = Path(__file__).resolve()
+    others = [p for d in OTHER_DIRS for p in (ROOT / d).rglob("*.py") if p.resolve() != here]
+    return sorted([*SRC.rglob("*.py"), *(SRC / "presets").glob("*.toml"), *others])
 
 
 def test_sources_are_found() -> None:
     files = _files()
     assert any(p.suffix == ".toml" for p in files) and len(files) > 50
+    for d in ("tests", "benchmarks"):
+        assert any(p.is_relative_to(ROOT / d) for p in files), d
+    assert Path(__file__).resolve() not in files
 
 
 @pytest.mark.parametrize(
@@ -57,6 +67,9 @@ def test_sources_are_found() -> None:
         "paper / spec values",
         "paper/spec",
         "Robust-HDP, specs/robust-hdp.md section 5.2",
+        "(spec oracle O11)",
+        "Oracles: the DECOR spec's LDP table",
+        "so DECOR spec §6.2's sigma_ldp",
     ],
 )
 def test_pattern_flags_spec_references(text: str) -> None:
@@ -85,7 +98,7 @@ def test_pattern_spares_ordinary_uses(text: str) -> None:
 
 def test_no_spec_references_in_sources() -> None:
     hits = [
-        f"{path.relative_to(SRC.parent)}:{i}: {line.strip()}"
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
         for path in _files()
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if SPEC_REF.search(line)

@@ -53,7 +53,7 @@ def test_records_layout_and_privacy_label(tmp_path):
 
 
 def test_calibrated_ldp_sigma_matches_paper_table(tmp_path):
-    """Spec §6.2: T = 3500, eps = 10 gives sigma_ldp = 67.19 C with the paper's classic
+    """DECOR Fig 1a (Section 6.1; docs/reproductions-decor.md): T = 3500, eps = 10 gives sigma_ldp = 67.19 C with the paper's classic
     conversion (``accountant="rdp"``); CDP sigma_ldp / sqrt(n). The exact default needs less."""
     base = {**LS, "graph": "ring:16", "steps": 3500, "epsilon": 10.0, "delta": 1e-5}
     from privdl.loop import build_run as build

@@ -1,6 +1,6 @@
 """The runner for PORTER-DP/GC and PrivSGP(-VR): calibration, labels, resume, sharded runs.
 
-Oracles: the DECOR spec's LDP table (PORTER-DP's noise is the same local Gaussian mechanism),
+Oracles: DECOR's LDP table (docs/reproductions-decor.md) (PORTER-DP's noise is the same local Gaussian mechanism),
 the classic RDP conversion in closed form, dp-accounting called directly, an uninterrupted run
 (resume) and the single-process simulator (2 forked ranks over gloo).
 """
@@ -50,7 +50,7 @@ def bw_delta(mu: float, eps: float) -> float:
 
 def test_porter_dp_sigma_matches_decor_ldp_table():
     """PORTER-DP adds N(0, sigma_p^2) to each agent's clipped gradient: on the full-gradient least
-    squares it is the LDP mechanism, so DECOR spec §6.2's sigma_ldp = 67.19 C (T = 3500, eps =
+    squares it is the LDP mechanism, so DECOR Fig 1a's (Section 6.1) sigma_ldp = 67.19 C (T = 3500, eps =
     10, delta = 1e-5) applies; Theorem 1's nominal formula does not (no sampling)."""
     values = {**LS, "graph": "ring:16", "steps": 3500, "algorithm": "porter-dp", "epsilon": 10.0}
     paper = build(make_config({**values, "accountant": "rdp"}))  # the table's classic conversion

@@ -22,7 +22,7 @@ RING = nx.cycle_graph(16)
 TORUS = nx.convert_node_labels_to_integers(nx.grid_2d_graph(4, 4, periodic=True))
 K16 = nx.complete_graph(16)
 
-# spec s.6.2: (graph, sigma_cdp, sigma_cor, achieved eps in parentheses), T = 3500, delta = 1e-5
+# DECOR Fig 1a pairs from the authors' reference code (paper Section 6.1; docs/reproductions-decor.md): (graph, sigma_cdp, sigma_cor, achieved eps in parentheses), T = 3500, delta = 1e-5
 PAPER_PAIRS = [
     (K16, 153.84, 251, 1.09),
     (TORUS, 198.21, 251, 1.32),
@@ -62,7 +62,7 @@ def test_calibration_round_trip(graph, adversary):
 
 
 def test_baseline_sigmas_match_spec_table():
-    """Spec s.6.2 baselines at T = 3500: eps = 1 -> sigma_ldp 579.84, CDP 144.96 (n = 16)."""
+    """DECOR Fig 1a baselines (paper Section 6.1) at T = 3500: eps = 1 -> sigma_ldp 579.84, CDP 144.96 (n = 16)."""
     kw = dict(delta=1e-5, steps=3500, conversion="classic")  # the paper's (ACC-2)
     lo, hi = sigma_cdp_range(RING, epsilon=1.0, **kw)
     assert hi == pytest.approx(579.84, abs=0.01)

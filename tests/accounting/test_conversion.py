@@ -41,7 +41,7 @@ def test_acc1_is_lemma11_minimised_numerically():
     ("c", "expected"), [(0, 8.43164), (10, 7.95087), (100, 3.52853), (1000, 1.92777)]
 )
 def test_fig2_reproduction(c, expected):
-    """DECOR Fig 2: ring, sigma_cdp = 41.684..., T = 1000, delta = 1e-5 (spec s.8.3)."""
+    """DECOR Fig 2: ring, sigma_cdp = 41.684..., T = 1000, delta = 1e-5 (paper App. D.1)."""
     s = decor_step_rdp(nx.cycle_graph(16), sigma_cdp=41.68410907477693, sigma_cor=c).step_rdp
     got = compose_convert(s, steps=1000, delta=1e-5, conversion="classic")  # the paper's
     assert got == pytest.approx(expected, abs=1e-5)

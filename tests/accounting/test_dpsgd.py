@@ -103,7 +103,7 @@ def test_wang_bound_log_space_matches_direct_formula_and_never_overflows():
 
 
 def test_wang_bound_spec_values_and_dp_accounting():
-    """Spec s.8.3 example level: legacy uncomposed 0.00758; composed (T = 1000) about 19.1."""
+    """DECOR Fig 3 (App. D.1) example level, docs/accounting.md section 6: legacy uncomposed 0.00758; composed (T = 1000) about 19.1."""
     import networkx as nx
 
     from privdl.accounting import decor_step_rdp

@@ -1,4 +1,4 @@
-"""The papers' nominal formulas against the spec's worked numbers, and their accounted epsilon."""
+"""The papers' nominal formulas against worked numbers from their closed forms, and their accounted epsilon."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from privdl.errors import PrivacyError
 @pytest.mark.parametrize(("k", "sigma"), [(500, 0.24284), (3120, 0.60651), (12500, 1.21393)])
 def test_privsgp_sigma_t13(k, sigma):
     got = privsgp_sigma(gradient_bound=10, steps=k, local_samples=3125, epsilon=3, delta=1e-5)
-    assert got == pytest.approx(sigma, rel=3e-4)  # the spec rounds inconsistently (~2e-4)
+    assert got == pytest.approx(sigma, rel=3e-4)  # references rounded inconsistently (~2e-4)
 
 
 def test_privsgp_optimal_k_t14_t15():
@@ -70,7 +70,7 @@ def test_privsgp_cifar_t16_and_accounted_hazard():
     )
     assert plan.values["sigma"] == pytest.approx(0.225857, abs=1e-6)
     assert plan.nominal.nominal and plan.nominal.epsilon == 3
-    assert plan.accounted.epsilon > 100  # the formula's sigma is ~70x too small (spec s.8.4)
+    assert plan.accounted.epsilon > 100  # sigma ~70x too small (docs/privsgp-vr.md)
     # certified: K Gaussian steps at sensitivity (4 - 2/J) G, no amplification: exactly
     # mu-GDP, mu = sqrt(K) sens / sigma, converted exactly (Balle-Wang delta(eps) = delta)
     from scipy.stats import norm
@@ -107,9 +107,9 @@ def test_porter_formulas():
 
 
 def test_porter_accounted_vs_nominal():
-    """Spec table: a9a eps 0.1, T = 1000 gives sigma 0.255 but an accounted eps >> 0.1.
+    """PORTER Theorem 1 on a9a (paper Section 5.1; docs/porter.md): eps 0.1, T = 1000 gives sigma 0.255 but an accounted eps >> 0.1.
 
-    The spec's integer-order accountant reports ~369; dp-accounting's fractional orders near 1
+    An integer-order accountant (docs/porter.md) reports ~369; dp-accounting's fractional orders near 1
     give ~15. Either way the nominal 0.1 is off by two orders of magnitude.
     """
     plan = porter_plan(tau=1, steps=1000, delta=1e-3, local_samples=3256, epsilon=0.1)
@@ -117,7 +117,7 @@ def test_porter_accounted_vs_nominal():
     assert plan.accounted.epsilon > plan.values["epsilon_add_remove_poisson"]
     assert any("T/m^2" in w for w in plan.warnings)
     plan = porter_plan(tau=1, steps=10000, delta=1e-3, local_samples=3256, epsilon=0.01)
-    # spec: about 0.014 under add/remove (classic conversion); dp-accounting's is tighter
+    # reference value: about 0.014 under add/remove (classic conversion); dp-accounting's is tighter
     assert plan.values["epsilon_add_remove_poisson"] < 0.014 * 1.05
 
 

@@ -1,4 +1,4 @@
-"""SecRDP accountant (DECOR Alg 2/3, Thm 1/6) against closed forms and the spec's verified numbers."""
+"""SecRDP accountant (DECOR Alg 2/3, Thm 1/6) against closed forms and numbers checked against the authors' code."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def step(graph, s, c, q="eavesdropper", clip=1.0, **kw):
 
 
 def vertex_transitive(eigs: np.ndarray, s: float, c: float, clip: float = 1.0) -> float:
-    """Spec s.4.6: (2C^2/n) sum_k 1/(s^2 + c^2 lambda_k)."""
+    """Alg 2 on a vertex-transitive graph (equal diagonal of Sigma^-1): (2C^2/n) sum_k 1/(s^2 + c^2 lambda_k)."""
     return float(2 * clip**2 / len(eigs) * np.sum(1.0 / (s**2 + c**2 * eigs)))
 
 
@@ -75,7 +75,7 @@ def test_k2_closed_form():
     assert 2 * (s**2 + c**2) / (s**2 * (s**2 + 2 * c**2)) == pytest.approx(10 / 9)
 
 
-# spec s.8.3 [VER] small cases, q = 0 / 1 / 2
+# small cases (Alg 2/3; checked by an independent numpy implementation), q = 0 / 1 / 2
 SPEC_TABLE = [
     (K16, 1, (0.235294117647, 0.25, 0.266666666667)),
     (K16, 10, (0.126171143036, 0.134576948701, 0.144182726624)),
@@ -116,7 +116,7 @@ def test_official_code_values(graph, s, c, eps_step):
 
 
 def test_submatrix_mistake_differs():
-    """The principal sub-block of L(G) under-reports q = 1 (spec s.7 item 1)."""
+    """The principal sub-block of L(G) under-reports q = 1 (docs/accounting.md section 6)."""
     lap = nx.laplacian_matrix(RING).toarray().astype(float)
     sub = np.eye(15) + 100.0 * lap[1:, 1:]
     wrong = 2 * np.max(np.diag(np.linalg.inv(sub)))
@@ -172,7 +172,7 @@ def test_theorem_bound_never_below_exact(n, p, seed, s, c, q):
     # 1e-8: the exact value comes from a solve whose conditioning grows like (c / s)^2 (found by
     # hypothesis: s = 0.21875, c = 13 gives a 1.2e-9 relative rounding difference)
     assert theorem_bound(graph, sigma_cdp=s, sigma_cor=c, adversary=q) >= exact * (1 - 1e-8)
-    # and the trivial sandwich of spec s.8.3 (q = 0)
+    # and the trivial sandwich 2C^2/(n s^2) <= eps_step <= 2C^2/s^2 (q = 0)
     exact0 = step(graph, s, c).step_rdp
     assert 2 / (n * s**2) * (1 - 1e-12) <= exact0 <= 2 / s**2 * (1 + 1e-12)
 

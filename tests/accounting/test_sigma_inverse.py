@@ -95,7 +95,7 @@ def test_curious_ring_regression():
 @pytest.mark.parametrize("ratio", [0.5, 30.0, 1e3, 1e7])
 def test_large_sparse_torus_matches_the_spectral_closed_form(ratio):
     """Both sparse branches (plain selected inversion while cond(Sigma) <= n, grounded beyond)
-    against spec s.4.6's (1/n) sum_k 1/(s^2 + c^2 lambda_k), lambda_0 = 0 exactly."""
+    against Alg 2's vertex-transitive closed form (1/n) sum_k 1/(s^2 + c^2 lambda_k), lambda_0 = 0 exactly."""
     side = 40
     graph = nx.convert_node_labels_to_integers(nx.grid_2d_graph(side, side, periodic=True))
     lam = 2 - 2 * np.cos(2 * np.pi * np.arange(side) / side)

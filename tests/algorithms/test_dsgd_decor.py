@@ -1,4 +1,4 @@
-"""Invariants of D-SGD, the LDP baseline and DECOR (spec decor.md §8.2)."""
+"""Invariants of D-SGD, the LDP baseline and DECOR (DECOR paper Section 3 and Algorithm 4, App. B.1)."""
 
 import numpy as np
 import pytest

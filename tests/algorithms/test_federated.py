@@ -110,7 +110,7 @@ def _noisy_trainer(eps, b, agg, *, n_per=64, **agg_kw):
 
 
 def test_equal_noise_gives_uniform_robust_hdp_weights() -> None:
-    """Spec O12 end to end: same eps, b, N for all clients -> RPCA weights within 0.01 of 1/n."""
+    """Equal noise end to end (Robust-HDP Eq. 8): same eps, b, N for all clients -> RPCA weights within 0.01 of 1/n."""
     fl, _m, params, *_ = _noisy_trainer([1.0] * 8, [8] * 8, "robust-hdp", max_iter=3000)
     _, info = fl.step(fl.init(params, seed=5))
     w = info["weights"].numpy()
@@ -135,7 +135,7 @@ def test_oracle_weights_inverse_variance_and_eq7_matches_measured_noise() -> Non
 
 
 def test_robust_hdp_ignores_reported_eps_weiavg_does_not() -> None:
-    """Spec O2: a falsified eps leaves Robust-HDP and DPFedAvg weights bit-identical; WeiAvg
+    """Robust-HDP Fig 5 right (Section 4.2, RQ3): a falsified eps leaves Robust-HDP and DPFedAvg weights bit-identical; WeiAvg
     follows it."""
     eps, b = [1.0, 2.0, 0.5, 1.0], [8, 8, 8, 16]
     out = {}
@@ -179,7 +179,7 @@ def test_partial_participation_and_budgets() -> None:
         assert done["nominal"]["nominal"]
         assert (done["accounted"] is None) == (part == 0)
         assert whole["accounted"]["threat_model"] == "server"
-        # O18: the code's accountant gives the target (up to z rounding); dp-accounting's RDP
+        # post-processing: the code's accountant gives the target (up to z rounding); dp-accounting's RDP
         # (more orders, tighter conversion) certifies no more than that for the same z
         code = robust_hdp_epsilon(
             whole["noise_multiplier"], batch_size=8, dataset_size=40, delta=1e-4, rounds=4

@@ -1,5 +1,5 @@
 """PORTER / PORTER-DP / PORTER-GC / BEER and SoteriaFL-SGD against independent oracles
-(spec porter.md §8)."""
+(PORTER paper Algorithm 1; docs/porter.md)."""
 
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def test_soteria_shift_invariant_with_compression():
 
 @pytest.mark.parametrize("rule", ["best-constant", "fdla"])
 def test_mixing_matrices_and_lemma1(rule):
-    """Spec §8.12: W = W^T, W 1 = 1, zero off the graph, alpha < 1, Lemma 1's bound."""
+    """Definition 1: W = W^T, W 1 = 1, zero off the graph, alpha < 1, Lemma 1's bound."""
     topo = parse_graph("er:10:0.8:1")
     w = fdla_mixing(topo) if rule == "fdla" else best_constant_mixing(topo)
     a = w.dense()
@@ -279,7 +279,7 @@ def test_mixing_matrices_and_lemma1(rule):
 
 def test_fdla_beats_best_constant_and_metropolis_weights():
     """FDLA minimises ||W - J||_2 over all symmetric edge weights, so it is at most the best
-    constant weight's and Metropolis-Hastings' rates (spec §8.12); the best constant weight
+    constant weight's and Metropolis-Hastings' rates (Definition 1, Lemma 1); the best constant weight
     itself has the closed form (lambda_n - lambda_2)/(lambda_n + lambda_2) of the Laplacian."""
     from privdl.topology.mixing import mixing_matrix
 

@@ -1,4 +1,4 @@
-"""PORTER's theory constants (spec porter.md §5 and test oracles 18-19) and its output rule."""
+"""PORTER's theory constants (paper Section 4, Theorems 2-4 and Appendices B-D; docs/porter.md) and its output rule."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from privdl.topology import mixing_matrix, parse_graph
 @settings(max_examples=200, deadline=None)
 @given(alpha=st.floats(0.0, 0.999), rho=st.floats(1e-4, 0.9999), phi=st.floats(1e-4, 3.99))
 def test_proof_constants_meet_the_proofs_conditions(alpha, rho, phi):
-    """Oracle 18: gamma_theory satisfies (12); with Theorem 2's eta, (16) and (25) hold too
+    """gamma_theory satisfies (12); with Theorem 2's eta, (16) and (25) hold too
     ((25) reduces to phi_m <= 4, so the boundary itself is left out to spare float ties)."""
     gamma = gamma_theory(alpha, rho)
     assert gamma**2 <= rho**2 / (96 * (1 - rho))  # (12), written out independently
@@ -43,7 +43,7 @@ def test_proof_constants_meet_the_proofs_conditions(alpha, rho, phi):
 
 
 def test_theorem4_constant_and_its_known_flaw():
-    """Oracle 19: eta L = sqrt(8/2072) ~ 0.062137; and, as spec §5.3 notes, it breaks (25)."""
+    """Theorem 4 (App. D): eta L = sqrt(8/2072) ~ 0.062137; and it breaks the proof's (25)."""
     assert eta_thm4(smoothness=1.0) == pytest.approx(0.062137, abs=5e-7)
     assert eta_thm4(smoothness=4.0) == pytest.approx(0.062137 / 4, abs=5e-7)
     gamma = gamma_theory(0.5, 0.5)

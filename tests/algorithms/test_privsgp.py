@@ -31,7 +31,7 @@ D64 = torch.float64
 
 
 def irregular_graph() -> MixingMatrix:
-    """Spec §6.3: n = 5, node 0 sends to {1,2,3}, others to i+1; weights 1/(outdeg+1)."""
+    """An irregular directed graph (push-sum de-biasing is exercised): n = 5, node 0 sends to {1,2,3}, others to i+1; weights 1/(outdeg+1)."""
     n = 5
     p = np.zeros((n, n))
     for s, outs in {0: [1, 2, 3], 1: [2], 2: [3], 3: [4], 4: [0]}.items():
@@ -57,7 +57,7 @@ def x0(n: int, d: int, *, seed: int = 3, distinct: bool = False) -> dict:
 
 @pytest.mark.parametrize("vr", [True, False])
 def test_push_sum_preserves_sums_t4(vr):
-    """T4 on the irregular graph: sum(w) = n, sum(x^+) = sum(x^+1/2), eq. (16) for xbar."""
+    """Push-sum on the irregular graph: sum(w) = n, sum(x^+) = sum(x^+1/2), eq. (16) for xbar."""
     n, j, d = 5, 6, 3
     oracle = ls_problem(n, j, d, seed=0)
     comm = LocalCommunicator(irregular_graph(), dtype=D64)
@@ -137,7 +137,7 @@ def test_saga_unbiased_and_bookkeeping_t7_t8():
     for _ in range(6):  # move away from x^0 so table entries differ from fresh gradients
         state, _ = alg.step(state, oracle, comm)
     z, table, mean = state.params, state.table.clone(), state.table_mean  # step writes in place
-    # T7: averaging the corrected gradient over every xi gives grad f_i(z)
+    # SAGA (Algorithm 1, line 3): averaging the corrected gradient over every xi gives grad f_i(z)
     rows = torch.arange(n)
     avg = torch.zeros(n, d, dtype=D64)
     for k in range(j):
@@ -145,7 +145,7 @@ def test_saga_unbiased_and_bookkeeping_t7_t8():
         h = oracle.expand(oracle.entries(z, xi)[0], xi)
         avg += (h - oracle.expand(table[rows, xi], xi) + mean) / j
     assert torch.allclose(avg, oracle.full_gradient(z), atol=1e-12)
-    # T8: after a step the drawn entry is the clean gradient at z and mbar == mean(T)
+    # SAGA table (Algorithm 1): after a step the drawn entry is the clean gradient at z and mbar == mean(T)
     from privdl.algorithms.privsgp import _sample_index
 
     xi = _sample_index(state.seed, state.t, n, j, torch.device("cpu"))
@@ -204,7 +204,7 @@ def test_identical_data_sigma0_is_saga_t9_t10():
 
 
 def test_vr_beats_sgd_noise_floor():
-    """T9 second half: with the same constant gamma, PrivSGP (no VR) stalls at a noise floor."""
+    """VR vs no VR (App. C, Algorithm 2): with the same constant gamma, PrivSGP (no VR) stalls at a noise floor."""
     n, j, d = 1, 20, 5
     oracle = ls_problem(n, j, d, seed=11)
     gamma = 1.0 / (3 * float(oracle.a[0].pow(2).sum(-1).max()))
@@ -283,7 +283,7 @@ def test_noise_plan_modes_t13_t18():
         epsilons=3.0,
         deltas=1e-5,
     )
-    assert math.isclose(nominal.sigmas[0], 0.60651, rel_tol=1e-4)  # T13
+    assert math.isclose(nominal.sigmas[0], 0.60651, rel_tol=1e-4)  # eq. (11)
     acc = noise_plan(
         mode="poisson_approximation",
         gradient_bound=10,
@@ -292,7 +292,7 @@ def test_noise_plan_modes_t13_t18():
         epsilons=[3.0, 3.0],
         deltas=[1e-5, 1e-5],
     )
-    # T18: z ~ 0.549 (improved conversion) .. 0.566 (classic) with integer orders; dp-accounting's
+    # z ~ 0.549 (improved conversion) .. 0.566 (classic) with integer orders; dp-accounting's
     # fractional orders and tighter conversion certify a little less (0.522); sigma = 30 z
     assert 0.50 < acc.noise_multipliers[0] < 0.57
     assert math.isclose(acc.sigmas[1], 30 * acc.noise_multipliers[1], rel_tol=1e-12)
@@ -355,7 +355,7 @@ def test_noise_plan_accounted_is_what_dp_accounting_certifies():
 def test_optimal_steps_modes():
     toy = dict(A=100.0, local_samples=100, n=4, smoothness=1.0, dim=10, gradient_bound=1.0)
     k, u = optimal_steps(mode="nominal", **toy, epsilons=[1] * 4, deltas=[math.exp(-1)] * 4)
-    assert math.isclose(k, 462.963, rel_tol=1e-5)  # T14
+    assert math.isclose(k, 462.963, rel_tol=1e-5)  # eq. (12)
     # the optimum is a local minimum of the approximation's U(K)
     ka, ua = optimal_steps(
         mode="poisson_approximation",
@@ -396,7 +396,7 @@ def test_optimal_steps_accounted_minimises_the_certified_u():
 
 @pytest.mark.slow
 def test_optimal_steps_approximation_cifar_spec_8_4():
-    """Spec §8.4: with the approximation's sigma the CIFAR optimum is K ~ 1e6 (U ~ 9.1e8), not 3120."""
+    """docs/privsgp-vr.md (Privacy: nominal vs accounted): with the approximation's sigma the CIFAR optimum is K ~ 1e6 (U ~ 9.1e8), not 3120."""
     k, u = optimal_steps(
         mode="poisson_approximation",
         A=342000036.4,
@@ -413,7 +413,7 @@ def test_optimal_steps_approximation_cifar_spec_8_4():
 
 
 def test_fast_rdp_against_known_value_and_dp_accounting():
-    # T18: q = 256/60000, z = 1.1, T = 14062, delta = 1e-5, classic conversion: eps ~ 3.01
+    # RDP self-check: q = 256/60000, z = 1.1, T = 14062, delta = 1e-5, classic conversion: eps ~ 3.01
     eps = rdp_epsilon(256 / 60000, 1.1, 14062, 1e-5, conversion="classic")
     assert abs(eps - 3.01) < 0.02
     from privdl.accounting import calibrate_nodes
@@ -422,7 +422,7 @@ def test_fast_rdp_against_known_value_and_dp_accounting():
         epsilons=[3.0], deltas=1e-5, sampling_rates=1 / 3125, steps=3120, accountant="rdp"
     )[0]
     z_ours = rdp_noise_multiplier(3.0, 1e-5, 1 / 3125, 3120)
-    assert abs(z_ours - 0.549) < 0.005  # spec §8.4 improved conversion
+    assert abs(z_ours - 0.549) < 0.005  # improved conversion (docs/accounting.md section 6)
     assert z_dpa <= z_ours < 1.1 * z_dpa  # integer orders are slightly conservative
 
 

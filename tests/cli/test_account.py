@@ -420,7 +420,7 @@ def test_extreme_finite_values_are_one_line_exit_2(capsys, argv):
 
 def test_extreme_noise_ratio_is_accounted_not_refused(capsys):
     """sigma_cor / sigma_cdp = 1e10 is extreme but computable: the eavesdropper's step RDP is then
-    the CDP limit 2C^2/(n sigma_cdp^2) to rounding (spec s.4.6 with lambda_k > 0 terms ~1e-20),
+    the CDP limit 2C^2/(n sigma_cdp^2) to rounding (Alg 2's vertex-transitive closed form with lambda_k > 0 terms ~1e-20),
     not a refusal and not the ~2800x smaller number a plain inverse of Sigma gave."""
     out = run_json(
         capsys,

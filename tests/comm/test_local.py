@@ -56,7 +56,7 @@ def test_expo_roll_equals_matrix(n):
 
 
 def test_push_sum_preserves_sums_and_debiases_on_irregular_graph():
-    """Spec §6.3: node 0 sends to {1,2,3}, others to (i+1) mod 5; weights 1/(outdeg+1)."""
+    """An irregular directed graph: node 0 sends to {1,2,3}, others to (i+1) mod 5; weights 1/(outdeg+1)."""
     n = 5
     out_nb = {0: [1, 2, 3], 1: [2], 2: [3], 3: [4], 4: [0]}
     p = np.zeros((n, n))

@@ -31,7 +31,7 @@ def _checks(summary: dict) -> dict[str, bool]:
 
 
 def test_fig2_values_match_spec_numbers() -> None:
-    # spec s.8.3 [VER]: ring, s = 41.68410907477693, T = 1000, delta = 1e-5
+    # paper Fig 2 (App. D.1), values from the authors' reference code: ring, s = 41.68410907477693, T = 1000, delta = 1e-5
     sigma_cdp, eps, lim = fig2_values(load_preset("decor-fig2"), [0.0, 10.0, 100.0, 1000.0])
     assert sigma_cdp == pytest.approx(41.68410907477693, rel=1e-9)
     assert eps == pytest.approx([8.43164, 7.95087, 3.52853, 1.92777], abs=6e-6)
@@ -39,7 +39,7 @@ def test_fig2_values_match_spec_numbers() -> None:
 
 
 def test_fig3_legacy_and_composed_values_match_spec() -> None:
-    # spec s.8.3: legacy (uncomposed) 0.00758 at sigma_cor = 0.1; composed about 19.1 (and 97 at 0.02)
+    # paper Fig 3 (App. D.1; docs/accounting.md section 6): legacy (uncomposed) 0.00758 at sigma_cor = 0.1; composed about 19.1 (and 97 at 0.02)
     v = fig3_values(load_preset("decor-fig3"), [0.02, 0.1], with_rdp=False)
     assert v["legacy-uncomposed"][1] == pytest.approx(0.00758, abs=5e-6)
     assert v["classic"][1] == pytest.approx(19.1, rel=0.01)
@@ -78,7 +78,7 @@ def test_quick_accountant_reproductions(name, tmp_path) -> None:
 
 @pytest.mark.parametrize("topo", ["complete", "torus", "ring"])
 def test_fig1a_paper_pairs_give_the_spec_overshooting_totals(topo) -> None:
-    # spec s.6.2 table: the paper's pairs achieve e.g. ring 7 -> 8.14 (official-code tolerance)
+    # Fig 1a (Section 6.1; docs/reproductions-decor.md): the paper's pairs achieve e.g. ring 7 -> 8.14 (official-code tolerance)
     from privdl.accounting import account_decor
 
     p = load_preset("decor-fig1a")
@@ -89,7 +89,7 @@ def test_fig1a_paper_pairs_give_the_spec_overshooting_totals(topo) -> None:
         ).epsilon  # the paper's conversion (ACC-1)
         for s, c in zip(p["paper"]["sigma_cdp"][topo], p["paper"]["sigma_cor"][topo], strict=True)
     ]
-    # the table prints 2 decimals; the eps = 1 totals are in spec s.8.3 to 13 digits
+    # the table prints 2 decimals; the eps = 1 totals are the authors' code's to 13 digits
     assert got == pytest.approx(p["paper"]["epsilon_achieved"][topo], abs=0.01)
     exact = {"complete": 1.0945621561614, "torus": 1.3185448014100, "ring": 1.268313286847}
     assert got[0] == pytest.approx(exact[topo], rel=1e-11)
@@ -113,7 +113,7 @@ def test_legacy_value_of_spec_example() -> None:
 
 
 def test_decor_pair_matches_complete_graph_closed_form() -> None:
-    # K_n: eps_step = 2C^2 [1/(n s^2) + (1 - 1/n)/(s^2 + n c^2)]  (spec s.4.6), solved for c
+    # K_n: eps_step = 2C^2 [1/(n s^2) + (1 - 1/n)/(s^2 + n c^2)]  (Alg 2 in closed form), solved for c
     n, clip, rho = 16, 1.0, 1e-3
     s_ldp = clip * math.sqrt(2 / rho)
     grid = [s_ldp / 4, 1.2 * s_ldp / 4, 2.0 * s_ldp / 4]  # first point infeasible (CDP limit)

@@ -1,4 +1,4 @@
-"""Quick PORTER reproductions (spec porter.md §6): outputs written and their checks hold."""
+"""Quick PORTER reproductions (paper Section 5; docs/porter.md): outputs written and their checks hold."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_porter_a9a_quick(tmp_path, shared_datasets):
     summary = get("porter-a9a").run(out, quick=True, data_dir=str(shared_datasets / "adult"))
     _check_outputs(out, summary, "a9a")
     facts = summary["facts"]
-    assert (facts["dim"], facts["k"], facts["local_samples"]) == (124, 6, 3256)  # spec D8, §6.3
+    assert (facts["dim"], facts["k"], facts["local_samples"]) == (124, 6, 3256)  # Sec. 5.1
     # UCI Adult's test file: 12,435 of its 16,281 rows earn <= 50K
     assert facts["majority_class_test_accuracy"] == pytest.approx(12435 / 16281, rel=1e-12)
     _check_privacy_rows(summary, load_preset("porter-a9a"))
@@ -61,7 +61,7 @@ def test_porter_mnist_quick(tmp_path, shared_datasets):
     out = tmp_path / "mnist"
     summary = get("porter-mnist").run(out, quick=True, data_dir=str(shared_datasets / "mnist"))
     _check_outputs(out, summary, "mnist")
-    assert (summary["facts"]["dim"], summary["facts"]["k"]) == (50890, 2544)  # spec D9
+    assert (summary["facts"]["dim"], summary["facts"]["k"]) == (50890, 2544)  # Sec. 5.2
     _check_privacy_rows(summary, load_preset("porter-mnist"))
 
 

@@ -58,10 +58,10 @@ def test_quick_cifar_reproduction(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "PrivSGP-VR: k=8/8" in err and "s] " in err
     plan = summary["results"]["planning"]
-    # independent closed forms (spec §9 T16): c2 = 1 gives K* = 432.695; sigma(K*) = 0.225857
+    # independent closed forms (Theorem 2's eq. (11), Corollary 1's eq. (12)): c2 = 1 gives K* = 432.695; sigma(K*) = 0.225857
     assert abs(plan["K_star_c2_1"] - 432.695) < 1e-2
     assert abs(plan["sigma_nominal"] - 0.225857) < 1e-5
-    assert 60 < plan["ratio_poisson_approximation_over_nominal"] < 80  # spec §10: ~70x
+    assert 60 < plan["ratio_poisson_approximation_over_nominal"] < 80  # docs/privsgp-vr.md: ~70x
     # the certified sigma at K* (the run's accountant) is far above both
     assert plan["ratio_accounted_over_nominal"] > 100 * 60
     assert plan["K_star_accounted"] >= 1 and plan["U_star_accounted"] > plan["U_star_nominal"]
@@ -115,7 +115,7 @@ def test_time_limit_stops_early_and_reports_it(tmp_path):
 
 
 def test_fig8_grid_is_the_specs_derived_k_star_and_eq11_noise():
-    """Spec s.7.2 [DERIVED]: K* = 92, 207, 368, 575, 828, 1127, 1472 for eps = 0.4, ..., 1.6;
+    """Fig 8 (App. E), eq. (12): K* = 92, 207, 368, 575, 828, 1127, 1472 for eps = 0.4, ..., 1.6;
     at K*(eps) the eq. (11) noise is the anchor's for every eps, and sigma ~ sqrt(K)."""
     from privdl.experiments.privsgp import eps_grid
 

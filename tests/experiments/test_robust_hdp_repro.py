@@ -33,7 +33,7 @@ def test_registered() -> None:
 
 def test_table3_quick(tmp_path) -> None:
     s = _run("robust-hdp-table3", tmp_path)
-    # spot-check the paper column was copied, and ours is the closed form (spec O5, unrounded)
+    # spot-check the paper column was copied, and ours is the closed form (docs/robust-hdp.md, Table 3; unrounded)
     assert s["paper"]["Oracle"][0] == 0.27
     assert s["ours"]["WeiAvg"][0] == pytest.approx(1.0254, abs=2e-3)
 
@@ -260,7 +260,7 @@ def test_falsified_overrides_parsed_and_bad_ones_refused() -> None:
 
 
 def _falsified_cells(grid, eps, *, drop):
-    """Cells consistent with spec §6 (WeiAvg's closed-form weight), WeiAvg/PFA losing ``drop``
+    """Cells consistent with the paper's Fig 5 right (WeiAvg's closed-form weight), WeiAvg/PFA losing ``drop``
     points per grid step, RHDP and DPFedAvg unchanged."""
     others = sum(eps[1:])
     flat = {"accuracy": 85.0, "weights": [0.1, 0.9], "noise": 0.5}

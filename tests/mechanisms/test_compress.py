@@ -68,7 +68,7 @@ def test_random_k_contraction_is_exact(comp) -> None:
 
 
 def test_spec_monte_carlo_random_k() -> None:
-    """Spec oracle 10: d = 1000, k = 50, 2000 draws: 0.95 +- 0.005; kept entries unscaled."""
+    """random_k (PORTER Definition 3) by Monte Carlo: d = 1000, k = 50, 2000 draws: 0.95 +- 0.005; kept entries unscaled."""
     x = _x(3, 1000)
     y = _draws(RandomK(k=50), x, R=2000)
     assert ((y != 0).sum(1) == 50).all()

@@ -41,7 +41,7 @@ def _setup(name: str, seed: int = 0):
 
 
 def _uniform_self_mixing(graph: nx.Graph) -> np.ndarray:
-    """W_ij = 1/(deg(i)+1) for j in N_i or j = i (spec s.2.5; regular graphs)."""
+    """W_ij = 1/(deg(i)+1) for j in N_i or j = i (paper Section 6, diagonal as in the authors' reference code; regular graphs)."""
     adjacency = nx.to_numpy_array(graph, nodelist=range(graph.number_of_nodes()))
     return (adjacency + np.eye(len(adjacency))) / (adjacency.sum(1, keepdims=True) + 1)
 
@@ -118,7 +118,7 @@ def test_expected_frobenius_norm_is_2_E_d_sigma2(name: str) -> None:
     ("name", "expected"), [("ring", 32 / 9 * 10), ("torus", 76.8), ("complete", 0.0)]
 )
 def test_lemma8_noise_after_gossip(name: str, expected: float) -> None:
-    """E||N W||_F^2 = d sigma^2 sum_edges ||W_u - W_v||^2 (Lemma 8); spec s.8.1 values for d = 10."""
+    """E||N W||_F^2 = d sigma^2 sum_edges ||W_u - W_v||^2 (Lemma 8, App. B.4); values for d = 10."""
     graph, edges, keys = _setup(name, seed=3)
     n, d, reps = 16, 10, 2000
     w = _uniform_self_mixing(graph)

@@ -1,4 +1,4 @@
-"""Stacked models: parameter counts from the specs, shapes, init, and forward passes against
+"""Stacked models: parameter counts from the papers, shapes, init, and forward passes against
 torch.nn modules (independent implementations) loaded with one node's parameters."""
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ class RefResNet(nn.Module):
         ("linear", (123,), 1, {}, 124),
         # DECOR MNIST 784-128-10: 784*128 + 128 + 128*10 + 10
         ("mlp", (1, 28, 28), 10, {}, 101_770),
-        # PrivSGP-VR [REC] / PORTER MNIST: d = 50,890
+        # PrivSGP-VR / PORTER MNIST: d = 50,890
         ("mlp", (784,), 10, {"hidden": (64,)}, 50_890),
         ("mlp", (784,), 10, {"hidden": (64,), "activation": "sigmoid"}, 50_890),
-        # Robust-HDP Table 5 CNN and ResNets (robust-hdp.md O16)
+        # Robust-HDP Table 5 CNN and ResNets (App. B.1)
         ("cnn-mnist", (1, 28, 28), 10, {}, 28_938),
         ("cnn-fmnist", (1, 28, 28), 10, {}, 28_938),
         ("resnet18-gn", (3, 32, 32), 10, {}, 11_181_642),

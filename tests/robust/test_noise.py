@@ -26,7 +26,7 @@ def _noise(p: int, stds: torch.Tensor, seed: int, signal: float = 0.0) -> torch.
 
 
 def test_pure_gaussian_noise_variance_within_5_percent() -> None:
-    """Equal pure noise (spec O10): the mean estimate is within 5% of p s^2 (its sampling sd is
+    """Equal pure noise (Robust-HDP Section 3.1): the mean estimate is within 5% of p s^2 (its sampling sd is
     sqrt(2/(p n)) = 1%), and each column keeps >= 90% of its realised noise energy ||M_i||^2."""
     p, s = 2000, 0.05
     M = _noise(p, torch.full((10,), s), seed=0)
@@ -37,7 +37,7 @@ def test_pure_gaussian_noise_variance_within_5_percent() -> None:
 
 
 def test_equal_noise_gives_uniform_weights() -> None:
-    """Spec O12: equal noise + weak rank-1 signal: max |w_i - 1/n| <= 0.01."""
+    """Equal noise + weak rank-1 signal: max |w_i - 1/n| <= 0.01."""
     st = robust_hdp_weights(_noise(2000, torch.full((10,), 0.05), seed=1, signal=0.002),
                             round_index=1)  # fmt: skip
     assert torch.isclose(st.weights.sum(), torch.tensor(1.0, dtype=torch.float64))
@@ -45,7 +45,7 @@ def test_equal_noise_gives_uniform_weights() -> None:
 
 
 def test_heterogeneous_noise_near_oracle() -> None:
-    """Spec O11 (smaller): estimated weights' aggregate noise within 5% of the oracle minimum,
+    """Heterogeneous noise, weak low-rank signal (smaller): estimated weights' aggregate noise within 5% of the oracle minimum,
     and the noisiest client gets the smallest weight."""
     stds = torch.tensor([0.02, 0.05, 0.1, 0.2] * 2, dtype=torch.float64)
     true = 2000 * stds**2
@@ -68,7 +68,7 @@ def test_chunking_matches_full_matrix() -> None:
 
 
 def test_inverse_variance_weights_closed_form() -> None:
-    """Spec O1: optimum of Eq. 8, scale invariance, minimum 1/sum(1/s) <= uniform's noise."""
+    """Optimum of Eq. 8 (Section 3.3), scale invariance, minimum 1/sum(1/s) <= uniform's noise."""
     s = torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64)
     w = inverse_variance_weights(s)
     torch.testing.assert_close(w, torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64) / 15)

@@ -65,10 +65,10 @@ def test_rdp_matches_dp_accounting() -> None:
 
 
 def test_noise_multiplier_spec_values() -> None:
-    """Spec O6: z(eps=1) = 5.147, 7.245, 10.221, 14.437 for b = 16..128, and eps(z) = eps."""
+    """Table 3 settings (N = 2400, E = 200, delta = 1e-4): z(eps=1) = 5.147, 7.245, 10.221, 14.437 for b = 16..128, and eps(z) = eps."""
     z = noise_multiplier([1.0] * 4, [16, 32, 64, 128], decimals=None)
     np.testing.assert_allclose(z, [5.147, 7.245, 10.221, 14.437], atol=1e-3)
-    assert noise_multiplier([2.81], [32])[0] == pytest.approx(2.78)  # spec O7
+    assert noise_multiplier([2.81], [32])[0] == pytest.approx(2.78)  # authors' code, Dist1 client 0
     rdp = rdp_poisson_subsampled_gaussian(16 / 2400, z[0]) * 200 * 2400 / 16
     eps = np.min(rdp + math.log(1e4) / (np.asarray(HDPFL_ORDERS) - 1))
     assert abs(eps - 1.0) < 1e-6

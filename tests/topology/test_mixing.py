@@ -62,7 +62,7 @@ def test_decor_rule_refused_on_irregular_graph():
     ],
 )
 def test_decor_paper_matrices(spec, weight, p, h, wj):
-    """Spec §5.2 table: p, H_G(W) and ||W - J||_F^2 of the experiment matrices."""
+    """DECOR Section 6 matrices: p (Assumption 5), H_G(W) (eq. 11) and ||W - J||_F^2."""
     t = parse_graph(spec)
     w = mixing_matrix(t, "decor")
     a = w.dense()
@@ -120,7 +120,7 @@ def test_expo_exact_average_after_one_period_for_powers_of_two(n):
 
 @pytest.mark.parametrize("n,dev,iters", [(25, 0.0225, 35), (50, 0.01125, 41), (100, 0.005625, 47)])
 def test_expo_non_power_of_two(n, dev, iters):
-    """Spec §9 T3: deviation after one period and iterations to reach 1e-6."""
+    """PrivSGP-VR's exponential graph (App. D): deviation after one period and iterations to reach 1e-6."""
     e = ExponentialGraph(n)
     prod = np.eye(n)
     k = 0
