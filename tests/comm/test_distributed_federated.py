@@ -151,6 +151,7 @@ def _os_rank(rank: int, out: str) -> None:
     run_worker({**RUN, "key_source": "os"}, out, timeout_s=30, progress=False)
 
 
+@pytest.mark.slow  # ~45 s; tests/test_runner.py covers key_source os in one process
 def test_launched_os_key_source_shares_rank_0s_generator_seed(tmp_path, monkeypatch, run_ranks):
     """Every rank holds the same clients' generator: under key_source=os rank 0's OS draw is
     broadcast, so the launched run equals the single-process run seeded by that draw."""
