@@ -116,7 +116,7 @@ def test_bad_requests_are_one_line_config_errors(args, match):
 
 # -- planted bugs: each must give a lower bound above the epsilon the run claims ---------------
 def test_catches_reused_correlated_noise():
-    setting = {"graph": "ring:8", "epsilon": 2.0, "delta": 1e-5, "steps": 10, "trials": 100_000}
+    setting = {"graph": "ring:8", "epsilon": 2.0, "delta": 1e-5, "steps": 30, "trials": 40_000}
     with bugs.reused_correlated_noise():
         got = audit("decor", threat_model="eavesdropper", **setting)
     assert got.epsilon_lower > got.epsilon_accounted, got.epsilon_lower
