@@ -344,13 +344,12 @@ def _gradient_trials(
     if run.privacy is None:
         raise ConfigError(f"{algorithm} with these options adds no noise: nothing to audit")
     view = gossip_view(run)
-    signs = public_signs(run.cfg.steps, seed)
-    views, worlds = [], []
-    for k, size in enumerate(batches(trials, batch)):
-        world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
-        views.append(canary_views(run, view, world=world, signs=signs, seed=seed * 7919 + k))
-        worlds.append(world)
-    return run, np.concatenate(views), np.concatenate(worlds) > 0, view
+
+    def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
+        return canary_views(run, view, world=world, signs=signs, seed=key)
+
+    x, present = _signed_trials(run, views_of, trials=trials, batch=batch, seed=seed, rng=rng)
+    return run, x, present, view
 
 
 def _privsgp_trials(
@@ -362,13 +361,26 @@ def _privsgp_trials(
     run = build_run(cfg)
     if run.privacy is None:
         raise ConfigError("privsgp-vr with these options adds no noise: nothing to audit")
+
+    def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
+        return privsgp_views(run, world=world, signs=signs, seed=key)
+
+    x, present = _signed_trials(run, views_of, trials=trials, batch=batch, seed=seed, rng=rng)
+    return run, x, present
+
+
+def _signed_trials(
+    run: Any, views_of: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batches of +-C canary trials (half of each sign, shuffled) under the public sign pattern:
+    ``views_of(world, signs, key)`` gives a batch's views; returns all views and "present"."""
     signs = public_signs(run.cfg.steps, seed)
     views, worlds = [], []
     for k, size in enumerate(batches(trials, batch)):
         world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
-        views.append(privsgp_views(run, world=world, signs=signs, seed=seed * 7919 + k))
+        views.append(views_of(world, signs, seed * 7919 + k))
         worlds.append(world)
-    return run, np.concatenate(views), np.concatenate(worlds) > 0
+    return np.concatenate(views), np.concatenate(worlds) > 0
 
 
 def _example_trials(

@@ -87,11 +87,7 @@ class ScanTest:
 
 def fit_scan_test(views: np.ndarray, present: np.ndarray) -> ScanTest:
     """The scan statistic's direction and scale per feature, from these trials."""
-    x = np.asarray(views, np.float64)
-    lab = np.asarray(present, bool)
-    m1, m0 = x[lab].mean(axis=0), x[~lab].mean(axis=0)
-    s = x[~lab].std(axis=0)
-    s = np.where(s > 0, s, max(float(s.max()), 1.0) * 1e-12)
+    m1, m0, s = _class_stats(views, present)
     return ScanTest(np.where(m1 >= m0, 1.0, -1.0), m0, s)
 
 
@@ -118,9 +114,15 @@ def fit_mixture_test(views: np.ndarray, present: np.ndarray, rate: float) -> Mix
     present-minus-absent mean difference over ``rate``, per feature, from these trials."""
     if not 0 < rate < 1:
         raise PrivacyError(f"the inclusion rate must lie in (0, 1), got {rate}")
+    m1, m0, s = _class_stats(views, present)
+    return MixtureTest(float(rate), (m1 - m0) / (rate * s), m0, s)
+
+
+def _class_stats(views: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per feature: the mean with and without the canary, and the std without it (a zero std
+    floored far below the others, so a noise-free feature still divides)."""
     x = np.asarray(views, np.float64)
     lab = np.asarray(present, bool)
-    m1, m0 = x[lab].mean(axis=0), x[~lab].mean(axis=0)
     s = x[~lab].std(axis=0)
     s = np.where(s > 0, s, max(float(s.max()), 1.0) * 1e-12)
-    return MixtureTest(float(rate), (m1 - m0) / (rate * s), m0, s)
+    return x[lab].mean(axis=0), x[~lab].mean(axis=0), s
