@@ -28,6 +28,7 @@ from torch import nn
 
 import privdl.engine.ghost as ghost
 from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.cuda_graph import GraphedGradients
 from privdl.models import build_model
 
 N, BATCH, CLIP = 20, 128, 3.0
@@ -71,24 +72,46 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--loop-clients", type=int, default=2)
     ap.add_argument("--no-loop", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda adds the graphed path)")
     add_run_flags(ap)
     args = ap.parse_args()
     tuned = apply_run_flags(args)
     gen = torch.Generator().manual_seed(0)
     model = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
-    params = model.init(n_nodes=N, generator=gen)
-    x = torch.randn(N, BATCH, 1, 28, 28, generator=gen)
-    y = torch.randint(0, 10, (N, BATCH), generator=gen)
+    device = torch.device(args.device)
+    params = {k: v.to(device) for k, v in model.init(n_nodes=N, generator=gen).items()}
+    x = torch.randn(N, BATCH, 1, 28, 28, generator=gen).to(device)
+    y = torch.randint(0, 10, (N, BATCH), generator=gen).to(device)
     clip = ClipSpec("per_sample", CLIP)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def grads(method: str = "auto", c: ClipSpec = clip):
         return node_gradients(model, params, x, y, loss="cross_entropy", clip=c, method=method)
 
+    def timed(fn) -> float:
+        return median_seconds(fn, iters=args.iters, sync=sync)
+
     res: dict[str, object] = {
         "setting": f"cnn-mnist p=28938, {N} clients x batch {BATCH}, per-example clip {CLIP}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         **machine_facts(tuned),
     }
-    res["ghost_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
+    res["ghost_s"] = timed(lambda: grads("ghost"))
+    if device.type == "cuda":  # the same calls replayed from CUDA graphs
+        g_priv = GraphedGradients(model, loss="cross_entropy", clip=clip, method="ghost")
+        g_plain = GraphedGradients(model, loss="cross_entropy", clip=ClipSpec())
+        res["ghost_graphed_s"] = timed(lambda: g_priv(params, x, y))
+        res["nonprivate_graphed_s"] = timed(lambda: g_plain(params, x, y))
+        res["graph_failures"] = [g_priv.failure, g_plain.failure]
+        eager = grads("ghost").grads
+        replay = g_priv(params, x, y).grads
+        res["graphed_max_abs_diff"] = max(float((eager[k] - replay[k]).abs().max()) for k in eager)
+        res["ghost_graphed_over_nonprivate_graphed"] = (
+            res["ghost_graphed_s"] / res["nonprivate_graphed_s"]
+        )
     column_only = ghost._conv_grads_by_kernel_row
 
     def full_unfold(t, g, k, *, padding, stride):  # one "kernel row" holding all of them
@@ -98,20 +121,20 @@ def main() -> None:
     ghost._conv_grads_by_kernel_row = full_unfold
     try:
         reference = grads("ghost").grads
-        res["ghost_full_unfold_s"] = median_seconds(lambda: grads("ghost"), iters=args.iters)
+        res["ghost_full_unfold_s"] = timed(lambda: grads("ghost"))
     finally:
         ghost._conv_grads_by_kernel_row = column_only
     mine = grads("ghost").grads
     res["max_rel_diff_to_full_unfold"] = max(
         float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine
     )
-    res["vmap_s"] = median_seconds(lambda: grads("vmap"), iters=args.iters)
-    res["nonprivate_s"] = median_seconds(lambda: grads(c=ClipSpec()), iters=args.iters)
+    res["vmap_s"] = timed(lambda: grads("vmap"))
+    res["nonprivate_s"] = timed(lambda: grads(c=ClipSpec()))
     if not args.no_loop:
         k = args.loop_clients
-        mods = _modules(params, k)
+        mods = [m.to(device) for m in _modules(params, k)]
         res["loop_s_scaled_to_20_clients"] = (
-            median_seconds(lambda: _loop_step(mods, x[:k], y[:k]), iters=1) * N / k
+            median_seconds(lambda: _loop_step(mods, x[:k], y[:k]), iters=1, sync=sync) * N / k
         )
         res["loop_over_ghost"] = res["loop_s_scaled_to_20_clients"] / res["ghost_s"]
     res["full_unfold_over_column_only"] = res["ghost_full_unfold_s"] / res["ghost_s"]

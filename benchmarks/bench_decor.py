@@ -45,6 +45,7 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.cuda_graph import graphed_oracle
 from privdl.mechanisms import fused_noise
 from privdl.mechanisms.correlated import decor_noise
 from privdl.models import build_model
@@ -202,6 +203,12 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         finally:
             del os.environ["PRIVDL_NOISE_BLOCK_BYTES"]
             fused_noise._PREFETCHED.clear()
+    if DEVICE.type == "cuda":
+        out |= _graphed(topo, decor, plain, model, params, x, y, keys1, iters, warmup)
+        out["profile"] = {
+            "decor": _gpu_profile(decor_step),
+            "nonprivate": _gpu_profile(plain_step),
+        }
     out |= {
         "decor_ms": statistics.median(r[0] for r in rounds),
         "nonprivate_ms": statistics.median(r[1] for r in rounds),
@@ -212,9 +219,92 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         loop = PerNodeLoop(params, topo, mixing, x, y)
         out["loop_ms"] = _median_ms(loop.step, iters=loop_iters, warmup=1)
         out["loop_over_decor"] = out["loop_ms"] / out["decor_ms"]
+        if "decor_graphed_ms" in out:
+            out["loop_over_decor_graphed"] = out["loop_ms"] / out["decor_graphed_ms"]
     out["decor_over_nonprivate"] = statistics.median(r[0] / r[1] for r in rounds)
     out["noise_share_of_decor"] = out["noise_ms"] / out["decor_ms"]
     return out
+
+
+def _gpu_profile(fn, iters: int = 20) -> dict[str, float]:
+    """Kernels per call and their summed GPU time (torch.profiler), and the wall time per call:
+    the gap is host time (Python, launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    _sync()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            _sync()
+        kernels, gpu_us = 0, 0.0
+        for ev in prof.key_averages():
+            dev = getattr(ev, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(ev, "self_cuda_time_total", 0.0)
+            if str(getattr(ev, "device_type", "")).endswith("CUDA") and dev > 0:
+                kernels += ev.count
+                gpu_us += dev
+            elif dev > 0 and ev.key.startswith(("void ", "triton", "ampere", "sm90", "cutlass")):
+                kernels += ev.count
+                gpu_us += dev
+        return {"kernels_per_call": kernels / iters, "gpu_ms_per_call": gpu_us / iters / 1e3}
+    except Exception as exc:  # noqa: BLE001 - the figures above stand without the profile
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def _graphed(topo, decor, plain, model, params, x, y, keys, iters, warmup) -> dict[str, object]:
+    """The same two steps with the clipped gradients replayed from CUDA graphs
+    (:class:`privdl.engine.cuda_graph.GraphedGradients`): values and times."""
+    comm = LocalCommunicator(mixing_matrix(topo, "decor"), device=DEVICE, dtype=torch.float32)
+    g_oracle = graphed_oracle(model, x, y, loss="cross_entropy")
+
+    def e_oracle(p, t, *, clip):
+        return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
+
+    # values first: three DECOR steps from the same state, eager and graphed
+    se = decor.init(dict(params), e_oracle, comm, keys=keys)
+    sg = decor.init(dict(params), g_oracle, comm, keys=keys)
+    fused_noise._PREFETCHED.clear()
+    for _ in range(3):
+        se, _ = decor.step(se, e_oracle, comm)
+    fused_noise._PREFETCHED.clear()
+    for _ in range(3):
+        sg, _ = decor.step(sg, g_oracle, comm)
+    diff = max(float((se.params[k] - sg.params[k]).abs().max()) for k in se.params)
+    fused_noise._PREFETCHED.clear()
+    box = {
+        "d": decor.init(dict(params), g_oracle, comm, keys=keys),
+        "p": plain.init(dict(params), g_oracle, comm, keys=keys),
+    }
+
+    def decor_step() -> None:
+        box["d"], _ = decor.step(box["d"], g_oracle, comm)
+
+    def plain_step() -> None:
+        box["p"], _ = plain.step(box["p"], g_oracle, comm)
+
+    rounds = []
+    for _ in range(3):
+        t_decor, t_plain = interleaved_seconds(
+            [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
+        )
+        rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
+    return {
+        "graphed_max_abs_diff_after_3_steps": diff,
+        "graph_failures": [g.failure for g in g_oracle.graphs.values()],  # type: ignore[attr-defined]
+        "graph_replays": [g.replays for g in g_oracle.graphs.values()],  # type: ignore[attr-defined]
+        "decor_graphed_ms": statistics.median(r[0] for r in rounds),
+        "nonprivate_graphed_ms": statistics.median(r[1] for r in rounds),
+        "decor_graphed_over_nonprivate_graphed_per_round": [round(a / b, 3) for a, b in rounds],
+        "decor_graphed_over_nonprivate_graphed": statistics.median(a / b for a, b in rounds),
+        "profile_graphed": {
+            "decor": _gpu_profile(decor_step),
+            "nonprivate": _gpu_profile(plain_step),
+        },
+    }
 
 
 def main() -> None:

@@ -15,6 +15,11 @@
 #   bash benchmarks/gpu_session.sh rpca        # issue 7: one 200,000 x 20 robust-PCA chunk
 #   bash benchmarks/gpu_session.sh federated   # issue 7: Robust-HDP MNIST CNN rounds on CUDA
 #   bash benchmarks/gpu_session.sh tests       # the `gpu`-marked tests (CUDA == CPU oracles)
+#   bash benchmarks/gpu_session.sh all         # one call for the whole of issue 36, in order of
+#       priority under a deadline (DEADLINE_S, default 520 s): DECOR step (eager and CUDA-graphed,
+#       profiled), the gpu tests, NCCL against gloo and the simulator, the federated CNN local
+#       step, node scaling, ResNet-18 GN, the single-model engine. Eight files come back:
+#       session.log, tests.log and six JSONs.
 #
 # Ratios are measured within one run (alternating rounds), never against a figure from another
 # machine. The federated part needs MNIST's IDX files in $PRIVDL_DATA_DIR (carry them).
@@ -25,9 +30,9 @@ OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 part="${1:-}"
 case "$part" in
-wheels | engine | decor | rpca | federated | tests) ;;
+wheels | engine | decor | rpca | federated | tests | all) ;;
 *)
-    echo "gpu_session.sh: unknown part '${part}'; one of wheels engine decor rpca federated tests" >&2
+    echo "gpu_session.sh: unknown part '${part}'; one of wheels engine decor rpca federated tests all" >&2
     exit 2 ;;
 esac
 WHEELS=(pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
@@ -58,6 +63,45 @@ print(torch.__version__, torch.cuda.get_device_name(), 'privdl', privdl.__versio
     | tee "$OUT/setup.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$OUT/nvidia-smi.csv" || true
 
+if [[ "$part" == all ]]; then
+    # each step gets what is left of the deadline (at most its own cap); a step that fails or
+    # runs out of time is logged and the next one runs
+    start=$SECONDS
+    deadline="${DEADLINE_S:-520}"
+    step() {
+        local cap="$1" name="$2"
+        shift 2
+        local left=$((deadline - (SECONDS - start)))
+        ((left > cap)) && left=$cap
+        if ((left < 15)); then
+            echo "== $name: skipped, deadline reached" | tee -a "$OUT/session.log"
+            return 0
+        fi
+        echo "== $name (limit ${left}s, at $((SECONDS - start))s)" | tee -a "$OUT/session.log"
+        local rc=0
+        timeout --kill-after=5 "$left" "$@" >> "$OUT/session.log" 2>&1 || rc=$?
+        echo "== $name: rc=$rc after $((SECONDS - start))s" | tee -a "$OUT/session.log"
+    }
+    cat "$OUT/setup.txt" "$OUT/nvidia-smi.csv" >> "$OUT/session.log" 2>/dev/null || true
+    rm -f "$OUT/setup.txt" "$OUT/nvidia-smi.csv"
+    step 150 decor "$PY" benchmarks/bench_decor.py --device cuda --iters 60 --loop-iters 2 \
+        --graphs torus:4x4,ring:16 --json-out "$OUT/decor.json"
+    step 150 tests "$PY" -m pytest -q -m gpu -p no:cacheprovider --timeout 120 -rs \
+        --junitxml=/tmp/gpu-junit.xml -o log_cli=false
+    cp /tmp/gpu-junit.xml "$OUT/tests.xml" 2>/dev/null || true
+    step 110 nccl "$PY" benchmarks/check_nccl.py --out /tmp/nccl --timeout 40 \
+        --json-out "$OUT/nccl.json"
+    step 60 cnn "$PY" benchmarks/bench_cnn.py --device cuda --iters 10 --loop-clients 1 \
+        --json-out "$OUT/cnn.json"
+    step 100 scale "$PY" benchmarks/bench_scale.py --device cuda --iters 10 \
+        --sizes 16,64,256,1024,4096,16384,65536 --json-out "$OUT/scale.json"
+    step 80 resnet "$PY" benchmarks/bench_resnet.py --device cuda --nodes 16 --batch 8 \
+        --iters 2 --json-out "$OUT/resnet.json"
+    step 60 engine "$PY" benchmarks/bench_engine.py --device cuda --iters 60 --loop-iters 2 \
+        --check --json-out "$OUT/engine.json"
+    echo "== done at $((SECONDS - start))s" | tee -a "$OUT/session.log"
+    exit 0
+fi
 case "$part" in
 engine)
     "$PY" benchmarks/bench_engine.py --device cuda --iters 100 --loop-iters 3 --check \

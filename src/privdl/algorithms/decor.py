@@ -128,8 +128,14 @@ class Decor:
             grads = dict(zip(grads, added, strict=True))  # one launch on CUDA
         opt = state.opt
         if self.optimizer is None:
-            decay = 1.0 - eta * self.weight_decay
-            half = {k: decay * state.params[k] - eta * grads[k] for k in grads}
+            # x - eta g (times 1 - eta wd first, if any) as foreach ops: one launch per
+            # operation on a GPU instead of one per leaf, the same elementwise arithmetic
+            names = list(grads)
+            xs = [state.params[k] for k in names]
+            if self.weight_decay:
+                xs = list(torch._foreach_mul(xs, 1.0 - eta * self.weight_decay))
+            steps = torch._foreach_mul([grads[k] for k in names], eta)
+            half = dict(zip(names, torch._foreach_sub(xs, steps), strict=True))
         else:  # post-processing of the privatized gradient: the accounting is unchanged
             half, opt = optimizer_step(self.optimizer, grads, opt, state.params, t=t, lr=eta)
         return replace(state, params=comm.mix(half, t), t=t + 1, opt=opt), {"loss": res.loss}

@@ -106,7 +106,9 @@ def init_from_env(*, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) 
         return dist.get_rank(), dist.get_world_size()
     backend = "nccl" if str(device).startswith("cuda") else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # one GPU per local rank where there are enough; ranks share them round-robin otherwise
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
     try:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     except Exception as exc:  # noqa: BLE001 - c10d raises several types; all become one line

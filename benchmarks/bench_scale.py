@@ -1,0 +1,139 @@
+"""How the DECOR step grows with the number of nodes (logistic regression, DECOR Section 6.1's
+a9a setting: d = 123, binary logistic loss, per-example clipping at C = 1).
+
+For each n (square tori ``torus:kxk``, so the degree stays 4 and |E| = 2n), times the DECOR step
+(keyed correlated noise on every edge, independent noise, gossip with W = 1/(deg+1)) and the
+non-private D-SGD step on the same oracle (random a9a-shaped data, ``--batch`` samples per node),
+called in turn, and the set-up (graph, keys, first step). Stops at the first n that does not fit
+(out of memory) or whose set-up exceeds ``--max-setup`` seconds, and says so.
+
+    python benchmarks/bench_scale.py --device cuda --sizes 16,64,256,1024,4096,16384,65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+from _common import add_run_flags, apply_run_flags, interleaved_seconds, machine_facts
+
+from privdl.algorithms.base import Keys, StepSize
+from privdl.algorithms.decor import Decor
+from privdl.algorithms.dsgd import DSGD
+from privdl.comm.local import LocalCommunicator
+from privdl.engine import ClipSpec, node_gradients
+from privdl.models import build_model
+from privdl.topology import mixing_matrix, parse_graph
+
+DIM, C, LR, SIGMA_CDP, SIGMA_COR = 123, 1.0, 0.1, 0.01, 0.05
+
+
+def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str, float]:
+    side = math.isqrt(n)
+    t0 = time.perf_counter()
+    topo = parse_graph(f"torus:{side}x{side}")
+    mixing = mixing_matrix(topo, "decor")
+    comm = LocalCommunicator(mixing, device=device, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    model = build_model("linear", in_shape=(DIM,), n_classes=1)
+    params = {k: v.to(device) for k, v in model.init(n_nodes=n, generator=gen).items()}
+    x = torch.randn(n, batch, DIM, generator=gen).to(device)
+    y = torch.randint(0, 2, (n, batch), generator=gen).to(device=device, dtype=torch.float32)
+
+    def oracle(p, t, *, clip):
+        return node_gradients(model, p, x, y, loss="bce", clip=clip)
+
+    decor = Decor(
+        StepSize(LR),
+        edges=topo.edges,
+        n_nodes=n,
+        clip=ClipSpec("per_sample", C),
+        sigma_cdp=SIGMA_CDP,
+        sigma_cor=SIGMA_COR,
+    )
+    plain = DSGD(StepSize(LR))
+    keys = Keys.from_seed(1)
+    box = {
+        "d": decor.init(dict(params), oracle, comm, keys=keys),
+        "p": plain.init(dict(params), oracle, comm, keys=keys),
+    }
+
+    def decor_step() -> None:
+        box["d"], _ = decor.step(box["d"], oracle, comm)
+
+    def plain_step() -> None:
+        box["p"], _ = plain.step(box["p"], oracle, comm)
+
+    decor_step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    setup = time.perf_counter() - t0
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    t_decor, t_plain = interleaved_seconds(
+        [decor_step, plain_step], iters=iters, warmup=2, sync=sync
+    )
+    out = {
+        "n": n,
+        "edges": len(topo.edges),
+        "setup_s": setup,
+        "decor_ms": 1e3 * statistics.median(t_decor),
+        "nonprivate_ms": 1e3 * statistics.median(t_plain),
+    }
+    out["decor_over_nonprivate"] = out["decor_ms"] / out["nonprivate_ms"]
+    if device.type == "cuda":
+        out["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sizes", default="16,64,256,1024,4096")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--max-setup", type=float, default=120.0, help="stop after a slower set-up")
+    add_run_flags(ap)
+    args = ap.parse_args()
+    tuned = apply_run_flags(args)
+    device = torch.device(args.device)
+    res: dict[str, object] = {
+        "setting": f"DECOR logistic regression d={DIM} torus, batch {args.batch}/node, C={C}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **machine_facts(tuned),
+        "rows": [],
+    }
+    rows: list[dict] = res["rows"]  # type: ignore[assignment]
+    for n in (int(s) for s in args.sizes.split(",")):
+        if math.isqrt(n) ** 2 != n:
+            raise SystemExit(f"bench_scale.py: n = {n} is not a square (tori k x k)")
+        try:
+            row = bench_n(n, batch=args.batch, iters=args.iters, device=device)
+        except torch.OutOfMemoryError as exc:
+            res["stopped"] = f"n = {n}: out of memory ({str(exc).splitlines()[0][:120]})"
+            break
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        if row["setup_s"] > args.max_setup:
+            res["stopped"] = f"after n = {n}: set-up {row['setup_s']:.0f} s > --max-setup"
+            break
+    for a, b in zip(rows, rows[1:], strict=False):
+        b["decor_growth_vs_prev"] = b["decor_ms"] / a["decor_ms"]
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+    print(json.dumps({k: v for k, v in res.items() if k != "rows"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
