@@ -240,17 +240,22 @@ def _gpu_profile(fn, iters: int = 20) -> dict[str, float]:
                 fn()
             _sync()
         kernels, gpu_us = 0, 0.0
+        top: list[tuple[float, str, int]] = []
         for ev in prof.key_averages():
             dev = getattr(ev, "self_device_time_total", None)
             if dev is None:
                 dev = getattr(ev, "self_cuda_time_total", 0.0)
-            if str(getattr(ev, "device_type", "")).endswith("CUDA") and dev > 0:
+            on_gpu = str(getattr(ev, "device_type", "")).endswith("CUDA")
+            if dev > 0 and (on_gpu or ev.key.startswith(("void ", "triton", "sm90", "cutlass"))):
                 kernels += ev.count
                 gpu_us += dev
-            elif dev > 0 and ev.key.startswith(("void ", "triton", "ampere", "sm90", "cutlass")):
-                kernels += ev.count
-                gpu_us += dev
-        return {"kernels_per_call": kernels / iters, "gpu_ms_per_call": gpu_us / iters / 1e3}
+                top.append((dev / iters, ev.key[:90], round(ev.count / iters, 2)))
+        top.sort(reverse=True)
+        return {
+            "kernels_per_call": kernels / iters,
+            "gpu_ms_per_call": gpu_us / iters / 1e3,
+            "top_kernels_us_per_call": [(round(us, 2), name, n) for us, name, n in top[:10]],
+        }
     except Exception as exc:  # noqa: BLE001 - the figures above stand without the profile
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 

@@ -26,6 +26,7 @@ from privdl.data import (
 )
 from privdl.data.custom import UserData, partition_parts
 from privdl.engine.clipping import clip_by_global_norm
+from privdl.engine.cuda_graph import GraphedGradients
 from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.errors import ConfigError
 from privdl.models import build_model
@@ -152,6 +153,9 @@ class SupervisedTask:
     eval_max: int = 20000
     #: a Python caller's own model and data (:class:`UserObjects`), in place of the names
     user: UserObjects | None = None
+    #: on CUDA, replay the clipped gradients from CUDA graphs (the same values;
+    #: :class:`privdl.engine.cuda_graph.GraphedGradients`); no effect elsewhere
+    cuda_graphs: bool = True
     kind: str = field(default="supervised", init=False)
 
     def __post_init__(self) -> None:
@@ -226,16 +230,31 @@ class SupervisedTask:
             xb, yb = gather_batch(data.x, bi.index), gather_batch(data.y, bi.index)
             mask = bi.mask if self.sampling == "poisson" else None
             denom = float(self.batch_size) if self.sampling == "poisson" else None
-        return node_gradients(
-            self.model,
-            params,
-            xb,
-            yb,
-            loss=self.loss_name,
-            clip=clip,
-            mask=mask,
-            denominator=denom,
-        )
+        return self._gradients(params, xb, yb, clip=clip, mask=mask, denominator=denom)
+
+    def _gradients(
+        self,
+        params: Tree,
+        xb: torch.Tensor,
+        yb: torch.Tensor,
+        *,
+        clip: ClipSpec,
+        mask: torch.Tensor | None,
+        denominator: float | None,
+    ) -> GradResult:
+        """:func:`node_gradients` of the batch; on CUDA replayed from a graph per clipping."""
+        if not (self.cuda_graphs and xb.device.type == "cuda"):
+            return node_gradients(
+                self.model, params, xb, yb, loss=self.loss_name, clip=clip, mask=mask,
+                denominator=denominator,
+            )  # fmt: skip
+        graphs = self.__dict__.setdefault("_graphs", {})
+        g = graphs.get((clip, denominator))
+        if g is None:
+            g = graphs[(clip, denominator)] = GraphedGradients(
+                self.model, loss=self.loss_name, clip=clip, denominator=denominator
+            )
+        return g(params, xb, yb, mask=mask)
 
     def oracle_for(self, nodes: Sequence[int] | None = None):
         """The gradient oracle of the nodes ``nodes`` (a process's shard; all if None).
@@ -267,10 +286,7 @@ class SupervisedTask:
                 xb, yb = x_all[rows, index], y_all[rows, index]
                 mask = bi.mask[idx] if self.sampling == "poisson" else None
                 denom = float(self.batch_size) if self.sampling == "poisson" else None
-            return node_gradients(
-                self.model, params, xb, yb, loss=self.loss_name, clip=clip, mask=mask,
-                denominator=denom,
-            )  # fmt: skip
+            return self._gradients(params, xb, yb, clip=clip, mask=mask, denominator=denom)
 
         return shard_oracle
 

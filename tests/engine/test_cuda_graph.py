@@ -79,3 +79,37 @@ def test_replay_equals_eager_bit_for_bit_as_inputs_change(name, clip, method) ->
         _assert_same(got, want)
     assert g.failure is None, g.failure
     assert g.replays == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("sampling", ["without_replacement", "poisson"])
+def test_task_oracle_on_cuda_replays_graphs_with_the_eager_values(sampling) -> None:
+    """The run path (SupervisedTask.oracle inside DECOR steps): graphs on and off, bit for bit."""
+    from privdl.algorithms.base import Keys, StepSize
+    from privdl.algorithms.decor import Decor
+    from privdl.comm.local import LocalCommunicator
+    from privdl.tasks import SupervisedTask
+    from privdl.topology import mixing_matrix, parse_graph
+
+    topo = parse_graph("ring:4")
+    comm = LocalCommunicator(mixing_matrix(topo, "decor"), device="cuda", dtype=torch.float32)
+    decor = Decor(
+        StepSize(0.1), edges=topo.edges, n_nodes=4, clip=ClipSpec("per_sample", 1.0),
+        sigma_cdp=0.1, sigma_cor=0.5,
+    )  # fmt: skip
+    finals = []
+    for graphs in (True, False):
+        task = SupervisedTask(
+            dataset_name="synthetic-cifar10", n_nodes=4, model_name="mlp", batch_size=8,
+            sampling=sampling, device="cuda", cuda_graphs=graphs,
+        )  # fmt: skip
+        st = decor.init(task.init_params(seed=1), task.oracle, comm, keys=Keys.from_seed(1))
+        for _ in range(4):
+            st, _ = decor.step(st, task.oracle, comm)
+        finals.append(st.params)
+        if graphs:
+            (g,) = task._graphs.values()  # type: ignore[attr-defined]
+            assert g.failure is None and g.replays >= 1, g.failure
+    for k in finals[0]:
+        assert torch.equal(finals[0][k], finals[1][k]), k

@@ -55,7 +55,7 @@ def test_keystream_kernel_is_openssl_chacha20_bit_for_bit() -> None:
     key_words = torch.from_numpy(words.copy()).to(DEVICE)
     out = torch.empty((3, n_blocks * 16), dtype=torch.int32, device=DEVICE)
     nonce = np.frombuffer(fused_noise._nonce(counter, substream)[4:], dtype="<u4").tolist()
-    prng._chacha20_kernel[(1, 3)](key_words, out, n_blocks, *nonce, BLOCK=64)
+    prng._chacha20_kernel[(1, 3)](key_words, out, n_blocks, *nonce, 0, 3, BLOCK=64)
     for k, key in enumerate(keys):
         want = keystream(key, counter, n_blocks * 64, substream=substream)
         assert out[k].cpu().numpy().tobytes() == want
@@ -167,7 +167,7 @@ def test_keystream_kernel_makes_consecutive_counters_in_one_launch() -> None:
     key_words = torch.from_numpy(words.copy()).to(DEVICE)
     out = torch.empty((steps * 2, n_blocks * 16), dtype=torch.int32, device=DEVICE)
     nonce = np.frombuffer(fused_noise._nonce(counter, substream)[4:], dtype="<u4").tolist()
-    prng._chacha20_kernel[(1, 2, steps)](key_words, out, n_blocks, *nonce, BLOCK=64)
+    prng._chacha20_kernel[(1, 2, steps)](key_words, out, n_blocks, *nonce, 0, 2, BLOCK=64)
     for k in range(steps):
         for s, key in enumerate(keys):
             want = keystream(key, counter + k, n_blocks * 64, substream=substream)
@@ -217,3 +217,21 @@ def test_prefetched_noise_serves_every_step_from_blocks(monkeypatch) -> None:
         edge_keys, edges, n, node_keys, 10, 301, sigma_cor=0.5, sigma_cdp=0.2, device=DEVICE
     )
     assert not torch.equal(other, want)  # another sigma is another block, not the cached one
+
+
+def test_launches_split_over_the_grid_limit_give_the_same_noise_bitwise(monkeypatch) -> None:
+    """More streams or rows than CUDA's 65,535 programs on a grid axis (n = 65,536 nodes on a
+    torus has 196,608 streams) are covered by several launches: forced here with a limit of 4."""
+    n, edges, edge_keys, node_keys = _setup("torus:3x3", 300)
+    args = (edge_keys, edges, n, node_keys, 5, 300)
+    kw = dict(sigma_cor=0.7, sigma_cdp=0.2, device=DEVICE)
+    whole = fused_noise.fused_decor_noise(*args, **kw)
+    monkeypatch.setattr(prng, "MAX_GRID_YZ", 4)
+    assert len(prng.stream_chunks(27)) == 7
+    split = fused_noise.fused_decor_noise(*args, **kw)
+    assert torch.equal(whole, split)
+    normals = prng.normal_streams(node_keys, 5, 300, device=DEVICE, backend="chacha20")
+    monkeypatch.setattr(prng, "MAX_GRID_YZ", 65535)
+    assert torch.equal(
+        normals, prng.normal_streams(node_keys, 5, 300, device=DEVICE, backend="chacha20")
+    )

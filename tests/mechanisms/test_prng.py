@@ -244,3 +244,14 @@ def test_torch_backend_known_answer_and_whole_key_dependence():
     first = bytes([key[0] ^ 1]) + key[1:]
     rows = normal_streams([key, last, first], t, size, dtype=torch.float64, backend="torch")
     assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], rows[2])
+
+
+def test_stream_chunks_cover_every_stream_once_within_the_limit() -> None:
+    from privdl.mechanisms.prng import MAX_GRID_YZ, stream_chunks
+
+    for count in (0, 1, 5, MAX_GRID_YZ, MAX_GRID_YZ + 1, 3 * 65536):
+        chunks = stream_chunks(count)
+        covered = [s for first, size in chunks for s in range(first, first + size)]
+        assert covered == list(range(count))
+        assert all(0 < size <= MAX_GRID_YZ for _, size in chunks)
+    assert stream_chunks(10, limit=4) == [(0, 4), (4, 4), (8, 2)]

@@ -273,6 +273,12 @@ def decor_noise(
         return None
     if fused_available(device, dtype, backend):
         fused = prefetched_decor_noise if prefetch else fused_decor_noise
+        if sigma_cor == 0.0:  # LDP: each row's stream depends on its key alone (no edge rows;
+            # D-SGD passes n_nodes = 0, which the row check below would refuse)
+            return fused(
+                (), (), len(node_keys), node_keys, counter, size, sigma_cor=0.0,
+                sigma_cdp=sigma_cdp, device=device,
+            )  # fmt: skip
         return fused(
             edge_keys,
             edges,

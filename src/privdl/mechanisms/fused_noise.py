@@ -44,6 +44,7 @@ from privdl.mechanisms.prng import (
     _nonce,
     resolve_backend,
     row_pairs,
+    stream_chunks,
     tl,
     triton,
 )
@@ -120,15 +121,18 @@ if triton is not None:
         sigma_cdp,
         angle_step,
         out_ptr,
+        first_row,
+        n_rows,
         HAS_COR: tl.constexpr,
         HAS_NODE: tl.constexpr,
         MAX_DEGREE: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        """Row ``program_id(1)``: sigma_cor * sum_slots (+-z_e) [+ sigma_cdp * z_node], pairs
-        ``j`` of block ``program_id(0)`` (cos half at ``j``, sin half at ``m + j``), for the
-        iteration ``program_id(2)`` of the block (keystream slab ``streams`` rows long)."""
-        r = tl.program_id(1)
+        """Row ``first_row + program_id(1)`` of ``n_rows``: sigma_cor * sum_slots (+-z_e)
+        [+ sigma_cdp * z_node], pairs ``j`` of block ``program_id(0)`` (cos half at ``j``, sin
+        half at ``m + j``), for the iteration ``program_id(2)`` of the block (keystream slab
+        ``streams`` rows long)."""
+        r = tl.program_id(1) + first_row
         j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         step = tl.program_id(2).to(tl.int64)
         first = step * streams  # the step's first keystream row
@@ -169,7 +173,7 @@ if triton is not None:
             )
             acc_c = zc * sigma_cdp
             acc_s = zs * sigma_cdp
-        out = out_ptr + (step * tl.num_programs(1) + r.to(tl.int64)) * size
+        out = out_ptr + (step * n_rows + r.to(tl.int64)) * size
         tl.store(out + j, acc_c, mask=inside & (j < size))
         tl.store(out + m + j, acc_s, mask=inside & (m + j < size))
 
@@ -336,10 +340,21 @@ def _launch(
     nonce = np.frombuffer(_nonce(counter, substream)[4:], dtype="<u4").tolist()
     streams = plan.key_words.shape[0]
     ks = torch.empty((steps * streams, n_blocks * 16), dtype=torch.int32, device=device)
-    grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), streams, steps)
-    _chacha20_kernel[grid](plan.key_words, ks, n_blocks, *nonce, BLOCK=_KEYSTREAM_BLOCK)
+    for first, count in stream_chunks(streams):  # one launch unless streams > 65,535
+        grid = (triton.cdiv(n_blocks, _KEYSTREAM_BLOCK), count, steps)
+        _chacha20_kernel[grid](
+            plan.key_words, ks, n_blocks, *nonce, first, streams, BLOCK=_KEYSTREAM_BLOCK
+        )
     out = torch.empty((steps * plan.n_rows, size), dtype=torch.float32, device=device)
-    grid = (triton.cdiv(m, _PAIR_BLOCK), plan.n_rows, steps)
+    for first, count in stream_chunks(plan.n_rows):
+        grid = (triton.cdiv(m, _PAIR_BLOCK), count, steps)
+        _launch_noise(grid, ks, n_blocks, m, size, plan, streams, sigma_cor, sigma_cdp, out,
+                      first, has_cor, has_node)  # fmt: skip
+    return out
+
+
+def _launch_noise(grid, ks, n_blocks, m, size, plan, streams, sigma_cor, sigma_cdp, out, first,
+                  has_cor, has_node) -> None:  # fmt: skip
     _noise_kernel[grid](
         ks.view(torch.int64),
         ks,
@@ -356,13 +371,14 @@ def _launch(
         float(sigma_cdp),
         float(np.float32(_ANGLE_STEP)),
         out,
+        first,
+        plan.n_rows,
         HAS_COR=has_cor,
         HAS_NODE=has_node,
         MAX_DEGREE=plan.max_degree,
         BLOCK=_PAIR_BLOCK,
         enable_fp_fusion=False,  # no FMA: the composed path rounds every product before it adds
     )
-    return out
 
 
 # Iterations drawn ahead: (call's identity) -> (first iteration, (K, rows, size) block).

@@ -168,15 +168,19 @@ if triton is not None:
         return a, b, c, d
 
     @triton.jit
-    def _chacha20_kernel(key_ptr, out_ptr, n_blocks, n0, n1, n2, BLOCK: tl.constexpr):
-        """RFC 8439 block function: stream ``program_id(1)`` with key words ``key_ptr[s, 0:8]``,
-        block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK blocks per program.
+    def _chacha20_kernel(
+        key_ptr, out_ptr, n_blocks, n0, n1, n2, first_stream, n_streams, BLOCK: tl.constexpr
+    ):
+        """RFC 8439 block function: stream ``first_stream + program_id(1)`` with key words
+        ``key_ptr[s, 0:8]``, block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK
+        blocks per program. ``first_stream`` lets a caller cover more than the 65,535 programs
+        CUDA allows on the second grid axis in several launches (:func:`stream_chunks`).
 
         A third grid axis makes consecutive iterations in one launch: program ``k`` of it
         writes iteration ``counter + k`` (the 64-bit counter is ``n1:n0``) into the ``k``-th
-        ``(streams, n_blocks * 16)`` slab of ``out`` (the caller keeps ``counter + k < 2^64``).
+        ``(n_streams, n_blocks * 16)`` slab of ``out`` (the caller keeps ``counter + k < 2^64``).
         """
-        stream = tl.program_id(1)
+        stream = tl.program_id(1).to(tl.int64) + first_stream
         step = tl.program_id(2).to(tl.int64)
         block = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = block < n_blocks
@@ -211,7 +215,7 @@ if triton is not None:
             x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
             x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
             x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
-        slab = step * tl.num_programs(1) + stream.to(tl.int64)
+        slab = step * n_streams + stream
         out = out_ptr + slab * n_blocks * 16 + block * 16
         tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
         tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
@@ -245,11 +249,22 @@ def _chacha20_words_cuda(
     key_gpu = torch.from_numpy(key_words.copy()).to(device)
     out = torch.empty((len(keys), n_blocks * 16), dtype=torch.int32, device=device)
     block = 256
-    grid = (-(-n_blocks // block), len(keys))
-    kernel[grid](
-        key_gpu, out, n_blocks, *np.frombuffer(nonce[4:], dtype="<u4").tolist(), BLOCK=block
-    )
+    words = np.frombuffer(nonce[4:], dtype="<u4").tolist()
+    for first, count in stream_chunks(len(keys)):
+        grid = (-(-n_blocks // block), count)
+        kernel[grid](key_gpu, out, n_blocks, *words, first, len(keys), BLOCK=block)
     return out.view(torch.int64)[:, :n_words]
+
+
+#: CUDA's limit on the second and third grid axes
+MAX_GRID_YZ = 65535
+
+
+def stream_chunks(count: int, limit: int | None = None) -> list[tuple[int, int]]:
+    """``(first, size)`` launches covering ``count`` streams (rows) with at most ``limit``
+    (default :data:`MAX_GRID_YZ`) programs each on the grid's second axis."""
+    step = MAX_GRID_YZ if limit is None else int(limit)
+    return [(s, min(step, count - s)) for s in range(0, count, step)]
 
 
 def _chacha20_normals(
