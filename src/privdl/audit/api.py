@@ -43,6 +43,7 @@ AUDITED = {
     "cdp": "central",
     "dpsgd": "central",
     "porter-dp": "ldp",
+    "privsgp": "ldp",
     "privsgp-vr": "ldp",
     "robust-hdp": "server",
     "dpfedavg": "server",
@@ -50,6 +51,8 @@ AUDITED = {
     "pfa": "server",
     "mineps": "server",
 }
+#: PrivSGP-VR (Algorithm 1) and PrivSGP (Algorithm 2, no SAGA table): a canary sample.
+PRIVSGP = ("privsgp", "privsgp-vr")
 #: The federated algorithms among them: one client's local DP-SGD, seen by the server.
 FEDERATED = ("robust-hdp", "dpfedavg", "weiavg", "pfa", "mineps")
 
@@ -159,8 +162,8 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
                 "give sampling_rate, not task or batch_size"
             )
     else:
-        # PORTER-DP (Algorithm 1, option I) and PrivSGP-VR clip per sample
-        own = {"clip_mode": "per_sample"} if algorithm in ("porter-dp", "privsgp-vr") else {}
+        # PORTER-DP (Algorithm 1, option I) and PrivSGP(-VR) clip per sample
+        own = {"clip_mode": "per_sample"} if algorithm in ("porter-dp", *PRIVSGP) else {}
         values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
     if threat_model is not None:
         if algorithm == "decor":
@@ -282,19 +285,24 @@ def audit(
         view_text = "every client's update, every round (client 0's, coordinate by coordinate)"
         threat, rate, mixture = "server", None, True
         accounted = client_budget(run)
-    elif algorithm == "privsgp-vr":
+    elif algorithm in PRIVSGP:
         run, x, present = _privsgp_trials(
             audit_config(algorithm, options, threat_model), trials=trials, batch=batch or 50_000,
             seed=seed, rng=rng,
         )  # fmt: skip
+        vr = algorithm == "privsgp-vr"
         canary = {
-            "kind": "sample (white box: entry 0 of node 0's table)",
+            "kind": "sample (white box: entry 0 of node 0's table)"
+            if vr
+            else "sample (white box: entry 0 of node 0's data, drawn with probability 1/J)",
             "node": 0,
             "size": float(run.cfg.clip),
             "neighbouring": "replace_one: +-C s_t (public sign pattern, changing over time)",
         }
         view_text = "node 0's messages (its push-sum half-steps), every step"
-        threat, rate, mixture = "ldp", None, True
+        threat, mixture = "ldp", True
+        # without the table, the canary shows only at the steps that draw it (rate 1/J)
+        rate = None if vr else 1.0 / float(_entries(run))
     elif example_level(algorithm, options):
         run, x, present = _example_trials(
             audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
@@ -380,15 +388,22 @@ def _gradient_trials(
     return run, x, present, view
 
 
+def _entries(run: Any) -> int:
+    """J, the entries of a PrivSGP node (one drawn per step)."""
+    from privdl.recipes.privsgp import privsgp_geometry
+
+    return int(privsgp_geometry(run.cfg, run.task)[0])
+
+
 def _privsgp_trials(
     cfg: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Views of PrivSGP-VR canary-sample trials (:mod:`privdl.audit.privsgp`)."""
+    """Views of PrivSGP(-VR) canary-sample trials (:mod:`privdl.audit.privsgp`)."""
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
 
     run = build_run(cfg)
     if run.privacy is None:
-        raise ConfigError("privsgp-vr with these options adds no noise: nothing to audit")
+        raise ConfigError(f"{cfg.algorithm} with these options adds no noise: nothing to audit")
 
     def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
         return privsgp_views(run, world=world, signs=signs, seed=key)

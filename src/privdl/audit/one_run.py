@@ -6,8 +6,8 @@ Each canary is included independently with probability 1/2 (``S in {-1, +1}^m`` 
 auditor scores every canary from what its adversary sees (a function fixed before the run, that
 never reads ``S``), guesses "included" for the ``k+`` highest scores and "excluded" for the
 ``k-`` lowest, abstains on the rest (``r = k+ + k-`` guesses), and counts the ``v`` correct
-guesses. Their main theorem (Theorem 3.1 of the arXiv version; Appendix D gives its computation)
-bounds the count for any (epsilon, delta)-DP mechanism and any such guesser: with
+guesses. Their main theorem for (epsilon, delta)-DP (evaluated as in their Appendix D) bounds
+the count for any such mechanism and any such guesser: with
 ``W ~ Binomial(r, q)``, ``q = e^epsilon / (1 + e^epsilon)`` (the accuracy of epsilon-DP
 randomized response, the worst case),
 
