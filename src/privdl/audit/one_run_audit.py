@@ -104,7 +104,7 @@ def _mixture_scores(run: Any, views: np.ndarray) -> np.ndarray:
     """The likelihood-ratio score of each canary's increments (module docstring), from the run's
     public parameters only."""
     cfg = run.cfg
-    rate, lr, sigma = float(run.task.sampling_rate), float(cfg.lr), float(cfg.sigma)
+    rate, lr, sigma = float(run.task.sampling_rate), float(cfg.lr), float(cfg.sigma or 0.0)
     if sigma <= 0:
         raise ConfigError("the run adds no noise: nothing to audit")
     if rate >= 1:
