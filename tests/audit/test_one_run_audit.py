@@ -107,3 +107,16 @@ def test_filler_slots_keep_the_run_fixed_and_losses_are_the_tasks():
 def test_bad_one_run_input_is_refused(algorithm, options, message):
     with pytest.raises(ConfigError, match=message):
         audit(algorithm, one_run=True, **options)
+
+
+@pytest.mark.slow
+def test_more_canaries_certify_more_and_stay_under_the_calibrated_epsilon():
+    """The docs' figures: target 8 calibrated by the run's accountant (q = 1/2, 10 steps), one
+    run on 1000 and on 5000 canaries, seeds 0-2: every bound under 8, and 5000 canaries certify
+    more than 1000 (more guesses at the same accuracy)."""
+    setting = {"sampling": "poisson", "epsilon": 8.0, "steps": 10, "sampling_rate": 0.5}
+    small = [audit("dpsgd", one_run=True, canaries=1000, seed=s, **setting) for s in range(3)]
+    large = [audit("dpsgd", one_run=True, canaries=5000, seed=s, **setting) for s in range(3)]
+    for got in small + large:
+        assert 0 < got.epsilon_lower <= got.epsilon_accounted == pytest.approx(8.0, rel=1e-4)
+    assert min(g.epsilon_lower for g in large) > max(g.epsilon_lower for g in small)

@@ -74,6 +74,7 @@ def test_one_run_json_and_black_box_text():
         ["audit", "decor", "--epsilon", "1", "--one-run"],
         ["audit", "dpsgd", "--epsilon", "1", "--one-run", "--canaries", "5"],
         ["audit", "--suite", "--one-run", "--out", "x"],
+        ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canaries", "100"],
         ["audit", "porter-gc", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
         ["audit", "decor", "--epsilon", "1", "--threat-model", "spy"],

@@ -77,6 +77,8 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
             raise click.UsageError("--suite runs its own preset: no --one-run or --black-box")
         _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed)
         return
+    if canaries is not None and not one_run:
+        raise click.UsageError("--canaries counts the canaries of --one-run: give --one-run")
     values = command_line_values(config_file, algorithm, flags, sets)
     name = values.pop("algorithm", None)
     if name is None:
@@ -90,7 +92,7 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         batch=batch,
         sampling_rate=sampling_rate,
         one_run=one_run,
-        canaries=canaries,
+        canaries=canaries or 1000,
         black_box=black_box,
         **values,
     )
@@ -176,9 +178,8 @@ audit = click.Command(
         click.Option(
             ["--canaries"],
             type=click.IntRange(10, 7000),
-            default=1000,
-            show_default=True,
-            help="--one-run: canary examples in the run.",
+            default=None,
+            help="--one-run: canary examples in the run (default 1000).",
         ),
         click.Option(
             ["--black-box"],
