@@ -63,6 +63,20 @@ def test_privsgp_vr_stays_under_its_accounted_epsilon():
     assert 0.2 < got.epsilon_lower and math.isnan(got.epsilon_lower_gdp)
 
 
+def test_privsgp_stays_under_its_accounted_epsilon():
+    """PrivSGP without the table (Algorithm 2): the canary sample moves node 0's message only
+    at the steps that draw it (probability 1/J, secret); node 0's messages seen. Under the
+    accounted epsilon (subsampled RDP, 2C per drawn step), with power at a weak setting."""
+    got = audit("privsgp", graph="ring:8", ls_dim=2, sigma=2.0, delta=1e-5, steps=10,
+                trials=20_000)  # fmt: skip
+    acc = got.accounted
+    assert (acc["unit"], acc["neighbouring"], acc["threat_model"]) == ("example", "replace_one",
+                                                                       "ldp")  # fmt: skip
+    assert "J=2" in acc["notes"]
+    assert got.within_accounted, (got.epsilon_lower, got.epsilon_accounted)
+    assert 0.2 * got.epsilon_accounted < got.epsilon_lower and math.isnan(got.epsilon_lower_gdp)
+
+
 def test_eavesdropper_test_reaches_the_accountants_mu():
     """DECOR's eavesdropper sees every noisy gradient, the SecLDP model exactly: the fitted test's
     separation equals the accountant's mu (a closed form over the graph's covariance)."""
@@ -99,7 +113,7 @@ def test_reproducible_and_json_ready():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ({"algorithm": "privsgp"}, "not audited yet"),
+        ({"algorithm": "porter-gc"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
         ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
         ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),

@@ -54,10 +54,28 @@ def test_exit_code_1_when_the_lower_bound_exceeds_the_claim(capsys):
     assert "NO: the implementation exceeds its accountant" in capsys.readouterr().out
 
 
+def test_one_run_json_and_black_box_text():
+    args = ["audit", "dpsgd", "--sampling", "poisson", "--sigma", "0.002", "--steps", "3",
+            "--sampling-rate", "0.5", "--accountant", "rdp", "--one-run", "--canaries", "400"]  # fmt: skip
+    out = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert got["trials"] == got["one_run"]["canaries"] == 400
+    assert 0 < got["epsilon_lower"] <= got["epsilon_accounted"]
+    assert got["accounted"]["accountant"] == "secrdp+rdp-subsampled"
+    text = CliRunner().invoke(cli, [*args, "--black-box"], catch_exceptions=False)
+    assert text.exit_code == 0, text.output
+    assert "one run, 400 canaries" in text.output and "final model only" in text.output
+
+
 @pytest.mark.parametrize(
     "args",
     [
-        ["audit", "privsgp", "--epsilon", "1"],
+        ["audit", "decor", "--epsilon", "1", "--one-run"],
+        ["audit", "dpsgd", "--epsilon", "1", "--one-run", "--canaries", "5"],
+        ["audit", "--suite", "--one-run", "--out", "x"],
+        ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canaries", "100"],
+        ["audit", "porter-gc", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
         ["audit", "decor", "--epsilon", "1", "--threat-model", "spy"],
     ],

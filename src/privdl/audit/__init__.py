@@ -2,7 +2,8 @@
 
 :func:`audit` runs a mechanism as implemented on neighbouring inputs and certifies a lower bound
 on its epsilon (:mod:`privdl.audit.api`); the estimators (:mod:`privdl.audit.estimators`) and
-the adversary's test (:mod:`privdl.audit.scores`) are usable on their own.
+the adversary's test (:mod:`privdl.audit.scores`) are usable on their own; so is the one-run
+bound (:mod:`privdl.audit.one_run`, Steinke, Nasr and Jagielski 2023).
 """
 
 from privdl.audit.api import AUDITED, AuditResult, audit
@@ -15,11 +16,19 @@ from privdl.audit.estimators import (
     epsilon_lower_bound_heldout,
     gdp_epsilon_lower_bound,
 )
+from privdl.audit.one_run import (
+    OneRunBound,
+    one_run_bound_from_scores,
+    one_run_epsilon_lower_bound,
+    one_run_guesses,
+    one_run_p_value,
+)
 
 __all__ = [
     "AUDITED",
     "AuditBound",
     "AuditResult",
+    "OneRunBound",
     "audit",
     "clopper_pearson_upper",
     "empirical_tradeoff",
@@ -27,4 +36,8 @@ __all__ = [
     "epsilon_lower_bound_from_scores",
     "epsilon_lower_bound_heldout",
     "gdp_epsilon_lower_bound",
+    "one_run_bound_from_scores",
+    "one_run_epsilon_lower_bound",
+    "one_run_guesses",
+    "one_run_p_value",
 ]

@@ -8,6 +8,12 @@ beside it, the bound that assumes the mechanism is mu-GDP (Nasr et al. 2023; eve
 mechanism and composition is). A correct implementation gives ``epsilon_lower <=
 epsilon_accounted`` with probability at least ``confidence``; a lower bound above the accounted
 epsilon shows that the code does not deliver what its accountant certifies.
+
+``one_run=True`` (DP-SGD with Poisson sampling, federated clients) audits instead *one* run on
+``canaries`` canary examples, each included with probability 1/2, certified by the one-run
+bound of Steinke, Nasr and Jagielski 2023 (:mod:`privdl.audit.one_run_audit`).
+``black_box=True`` (DP-SGD) shows the adversary only the final model: its score is the canary's
+loss.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
-from privdl.audit.examples import build_example_run, example_views
+from privdl.audit.examples import build_example_run, canary_losses, example_views
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.privsgp import privsgp_views
@@ -37,6 +43,7 @@ AUDITED = {
     "cdp": "central",
     "dpsgd": "central",
     "porter-dp": "ldp",
+    "privsgp": "ldp",
     "privsgp-vr": "ldp",
     "robust-hdp": "server",
     "dpfedavg": "server",
@@ -44,6 +51,8 @@ AUDITED = {
     "pfa": "server",
     "mineps": "server",
 }
+#: PrivSGP-VR (Algorithm 1) and PrivSGP (Algorithm 2, no SAGA table): a canary sample.
+PRIVSGP = ("privsgp", "privsgp-vr")
 #: The federated algorithms among them: one client's local DP-SGD, seen by the server.
 FEDERATED = ("robust-hdp", "dpfedavg", "weiavg", "pfa", "mineps")
 
@@ -95,6 +104,8 @@ class AuditResult:
     #: observed (FPR, FNR) of the fitted test on the certifying trials
     tradeoff: list[tuple[float, float]] = field(repr=False)
     seconds: float = 0.0
+    #: one-run audits: the game (canaries, guesses, correct, k_plus, k_minus, candidates, score)
+    one_run: dict[str, Any] | None = None
 
     @property
     def within_accounted(self) -> bool:
@@ -151,8 +162,8 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
                 "give sampling_rate, not task or batch_size"
             )
     else:
-        # PORTER-DP (Algorithm 1, option I) and PrivSGP-VR clip per sample
-        own = {"clip_mode": "per_sample"} if algorithm in ("porter-dp", "privsgp-vr") else {}
+        # PORTER-DP (Algorithm 1, option I) and PrivSGP(-VR) clip per sample
+        own = {"clip_mode": "per_sample"} if algorithm in ("porter-dp", *PRIVSGP) else {}
         values = {**AUDIT_DEFAULTS, **own, **options, "algorithm": algorithm}
     if threat_model is not None:
         if algorithm == "decor":
@@ -214,6 +225,11 @@ def audit(
     seed: int = 0,
     batch: int | None = None,
     sampling_rate: float = 0.05,
+    one_run: bool = False,
+    canaries: int = 1000,
+    black_box: bool = False,
+    k_plus: int | None = None,
+    k_minus: int | None = None,
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
@@ -228,6 +244,12 @@ def audit(
         batch: trials per run of the mechanism (memory; default 50 000 for gradient canaries,
             4 000 for canary examples, whose dataset grows with the square of it).
         sampling_rate: example level (dpsgd with ``sampling="poisson"``): each canary's rate.
+        one_run: audit one run on ``canaries`` canaries (module docstring); ``trials`` and
+            ``batch`` are then unused.
+        canaries: one-run audits: the canaries in the run (each included with probability 1/2).
+        black_box: DP-SGD at example level: the adversary sees the final model only.
+        k_plus, k_minus: one-run audits: the guesses (top and bottom scores); default: the
+            best of :func:`privdl.audit.one_run.guess_grid`, with a union bound.
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
             ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
@@ -238,6 +260,16 @@ def audit(
     if batch is not None and batch < 2:
         raise ConfigError(f"batch must be >= 2, got {batch}")
     start = time.perf_counter()
+    if black_box and not example_level(algorithm, options):
+        raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
+    if one_run:
+        from privdl.audit.one_run_audit import one_run_audit  # it builds an AuditResult
+
+        return one_run_audit(
+            algorithm, options, threat_model, confidence=confidence, seed=seed,
+            sampling_rate=sampling_rate, canaries=canaries, black_box=black_box, k_plus=k_plus,
+            k_minus=k_minus, start=start,
+        )  # fmt: skip
     rng = np.random.default_rng([seed, 0xA0D17])
     if algorithm in FEDERATED:
         run, x, present = _example_trials(
@@ -253,32 +285,36 @@ def audit(
         view_text = "every client's update, every round (client 0's, coordinate by coordinate)"
         threat, rate, mixture = "server", None, True
         accounted = client_budget(run)
-    elif algorithm == "privsgp-vr":
+    elif algorithm in PRIVSGP:
         run, x, present = _privsgp_trials(
             audit_config(algorithm, options, threat_model), trials=trials, batch=batch or 50_000,
             seed=seed, rng=rng,
         )  # fmt: skip
+        vr = algorithm == "privsgp-vr"
         canary = {
-            "kind": "sample (white box: entry 0 of node 0's table)",
+            "kind": "sample (white box: entry 0 of node 0's table)"
+            if vr
+            else "sample (white box: entry 0 of node 0's data, drawn with probability 1/J)",
             "node": 0,
             "size": float(run.cfg.clip),
             "neighbouring": "replace_one: +-C s_t (public sign pattern, changing over time)",
         }
         view_text = "node 0's messages (its push-sum half-steps), every step"
-        threat, rate, mixture = "ldp", None, True
+        threat, mixture = "ldp", True
+        # without the table, the canary shows only at the steps that draw it (rate 1/J)
+        rate = None if vr else 1.0 / float(_entries(run))
     elif example_level(algorithm, options):
         run, x, present = _example_trials(
             audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
-            sampling_rate=sampling_rate, seed=seed, rng=rng,
+            sampling_rate=sampling_rate, seed=seed, rng=rng, black_box=black_box,
         )  # fmt: skip
-        canary = {
-            "kind": "example (white box: its gradient is clipped to exactly C)",
-            "size": float(run.cfg.clip),
-            "neighbouring": "add_remove: the example is in the dataset or not",
-            "sampling_rate": float(run.task.sampling_rate),
-        }
-        view_text = "the released model after every step (the increments of each trial's weight)"
-        threat, rate, mixture = "central", float(run.task.sampling_rate), True
+        canary = example_canary(run, black_box)
+        view_text = (
+            BLACK_BOX_VIEW if black_box
+            else "the released model after every step (the increments of each trial's weight)"
+        )  # fmt: skip
+        threat, mixture = "central", True
+        rate = None if black_box else float(run.task.sampling_rate)
     else:
         run, x, present, view = _gradient_trials(
             algorithm, options, threat_model, trials=trials, batch=batch or 50_000, seed=seed,
@@ -352,15 +388,22 @@ def _gradient_trials(
     return run, x, present, view
 
 
+def _entries(run: Any) -> int:
+    """J, the entries of a PrivSGP node (one drawn per step)."""
+    from privdl.recipes.privsgp import privsgp_geometry
+
+    return int(privsgp_geometry(run.cfg, run.task)[0])
+
+
 def _privsgp_trials(
     cfg: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Views of PrivSGP-VR canary-sample trials (:mod:`privdl.audit.privsgp`)."""
+    """Views of PrivSGP(-VR) canary-sample trials (:mod:`privdl.audit.privsgp`)."""
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
 
     run = build_run(cfg)
     if run.privacy is None:
-        raise ConfigError("privsgp-vr with these options adds no noise: nothing to audit")
+        raise ConfigError(f"{cfg.algorithm} with these options adds no noise: nothing to audit")
 
     def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
         return privsgp_views(run, world=world, signs=signs, seed=key)
@@ -392,13 +435,17 @@ def _example_trials(
     seed: int,
     rng: np.random.Generator,
     federated: bool = False,
+    black_box: bool = False,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
     """Views of canary-example trials (:mod:`privdl.audit.examples`, or at a federated client:
     :mod:`privdl.audit.federated`): equal batches, so every batch's run has the same dataset size
-    and the same calibrated noise."""
+    and the same calibrated noise. ``black_box``: the view is the canary's loss on the final
+    model (one feature)."""
     build, views_of = (
         (build_client_run, client_views) if federated else (build_example_run, example_views)
     )
+    if black_box:
+        views_of = _loss_views
     count = max(1, -(-trials // batch))
     size = 2 * (trials // (2 * count))
     if size < 8:
@@ -413,3 +460,24 @@ def _example_trials(
         flags.append(present)
     assert run is not None
     return run, np.concatenate(views), np.concatenate(flags)
+
+
+#: What a black-box adversary sees (example-level DP-SGD).
+BLACK_BOX_VIEW = "the final model only (black box): the task's loss of each canary on it"
+
+
+def _loss_views(run: Any, *, seed: int) -> np.ndarray:
+    """``(B, 1)``: each canary's loss on the final model (the black-box view)."""
+    return canary_losses(run, seed=seed)[:, None]
+
+
+def example_canary(run: Any, black_box: bool) -> dict[str, Any]:
+    """The canary record of an example-level DP-SGD audit."""
+    return {
+        "kind": "example (input canary, black box: the adversary queries the final model)"
+        if black_box
+        else "example (white box: its gradient is clipped to exactly C)",
+        "size": float(run.cfg.clip),
+        "neighbouring": "add_remove: the example is in the dataset or not",
+        "sampling_rate": float(run.task.sampling_rate),
+    }

@@ -33,37 +33,52 @@ from privdl.audit.gossip import MAX_CELLS, _Recording
 from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
 
-__all__ = ["build_example_run", "canary_data", "example_views"]
+__all__ = ["build_example_run", "canary_data", "canary_losses", "example_views"]
 
 #: The canary input's scale, in units of the clipping threshold (keeps its gradient clipped).
 CANARY_SCALE = 100.0
 
 
-def canary_data(present: np.ndarray, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One example ``Y e_k`` (label 1) for every present trial ``k``."""
+def canary_data(
+    present: np.ndarray, clip: float, *, fillers: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One example ``Y e_k`` (label 1) for every present trial ``k``. ``fillers``: an all-zero
+    example (zero gradient) in place of every absent one, so the dataset keeps ``len(present)``
+    examples whatever is present (one-run audits: the sampling rate and the denominator must not
+    depend on which canaries are in; with Poisson sampling and a fixed denominator a
+    zero-gradient example changes nothing, so this is add/remove)."""
     where = np.flatnonzero(present)
-    x = torch.zeros((len(where), len(present)), dtype=torch.float32)
-    x[torch.arange(len(where)), torch.as_tensor(where)] = CANARY_SCALE * clip
-    return x, torch.ones(len(where), dtype=torch.int64)
+    rows = np.arange(len(present)) if fillers else np.arange(len(where))
+    x = torch.zeros((len(rows), len(present)), dtype=torch.float32)
+    x[torch.as_tensor(rows[where] if fillers else rows), torch.as_tensor(where)] = (
+        CANARY_SCALE * clip
+    )
+    return x, torch.ones(len(rows), dtype=torch.int64)
 
 
 def build_example_run(
-    values: dict[str, Any], present: np.ndarray, *, sampling_rate: float, calibrated: Any = None
+    values: dict[str, Any],
+    present: np.ndarray,
+    *,
+    sampling_rate: float,
+    calibrated: Any = None,
+    fillers: bool = False,
 ) -> Any:
     """The DP-SGD run of one batch of trials: the canary examples of ``present`` as its data,
     the expected batch size ``sampling_rate`` times their number (the accounted rate is what
     that rounds to), calibrated to ``values``' epsilon as a run would be (``calibrated``: an
-    earlier batch's resolved config of the same size, reused as it is)."""
+    earlier batch's resolved config of the same size, reused as it is). ``fillers``: see
+    :func:`canary_data` (the dataset and batch size then count every slot)."""
     from privdl.data.custom import user_data
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
     from privdl.registry import make_config
     from privdl.tasks import UserObjects
 
-    m = int(np.sum(present))
+    m = len(present) if fillers else int(np.sum(present))
     if m < 1 or not 0 < sampling_rate <= 1:
         raise ConfigError("an example-level audit needs canaries and a sampling rate in (0, 1]")
     clip = float(values.get("clip") or 1.0)
-    x, y = canary_data(present, clip)
+    x, y = canary_data(present, clip, fillers=fillers)
     batch = max(1, round(sampling_rate * m))
     cfg = calibrated or make_config({**values, "task": "user", "batch_size": batch, "clip": clip})
     model = nn.Linear(len(present), 1, bias=False)
@@ -75,6 +90,28 @@ def build_example_run(
 def example_views(run: Any, *, seed: int) -> np.ndarray:
     """``(B, steps)`` increments of each trial's coordinate of the released model, over the
     run's steps (its own oracle: sampling, clipping and noise as implemented)."""
+    model = torch.stack([r.reshape(-1).double() for r in _released_models(run, seed=seed)])
+    return torch.diff(model, dim=0).T.numpy()  # (steps + 1, B) -> (B, steps)
+
+
+def canary_losses(run: Any, *, seed: int) -> np.ndarray:
+    """``(B,)``: the task's loss of every canary example (present or not) on the *final* model
+    only (a black-box adversary: it queries the released model, nothing of its training)."""
+    from privdl.engine.losses import per_sample_loss
+
+    final = _released_models(run, seed=seed)[-1]
+    (name,) = run.recipe.initial_params(run.cfg, run.task).keys()
+    size = final.numel()
+    x, y = canary_data(np.ones(size, dtype=bool), float(run.cfg.clip))
+    with torch.no_grad():
+        out = run.task.model.forward({name: final}, x.to(final.dtype)[None])
+        loss = per_sample_loss(out, y[None], run.task.loss_name)
+    return loss[0].double().numpy()
+
+
+def _released_models(run: Any, *, seed: int) -> list[torch.Tensor]:
+    """The released model (node 0's copy of the run's one weight) at the start and after every
+    step: the run's own init and steps, keyed by ``seed``."""
     from privdl.loop import set_keys
 
     steps = int(run.cfg.steps)
@@ -85,10 +122,9 @@ def example_views(run: Any, *, seed: int) -> np.ndarray:
     set_keys(run, Keys.from_seed(seed))  # the sampling seed of the minibatches, and the noise
     comm = _Recording(run.comm)
     state = run.algorithm.init(params, run.oracle, cast(Communicator, comm), keys=run.keys)
-    released = [next(iter(params.values())).reshape(1, -1)[0].double()]
+    released = [next(iter(params.values()))[:1].clone()]
     for _ in range(steps):  # the run's own steps (each vectorised over all trials)
         state, _ = run.algorithm.step(state, run.oracle, cast(Communicator, comm))
         _, received = comm.take()
-        released.append(received[-1].reshape(received[-1].shape[0], -1)[0].double())
-    model = torch.stack(released)  # (steps + 1, B)
-    return torch.diff(model, dim=0).T.numpy()
+        released.append(received[-1][:1].clone())
+    return released

@@ -49,20 +49,26 @@ class _ServerView:
 
 
 def build_client_run(
-    values: dict[str, Any], present: np.ndarray, *, sampling_rate: float, calibrated: Any = None
+    values: dict[str, Any],
+    present: np.ndarray,
+    *,
+    sampling_rate: float,
+    calibrated: Any = None,
+    fillers: bool = False,
 ) -> Any:
     """The federated run of one batch of trials: client 0 holds the canary examples of
-    ``present``, its expected batch size ``sampling_rate`` times their number."""
+    ``present``, its expected batch size ``sampling_rate`` times their number (``fillers``:
+    a zero-gradient example in every absent slot, :func:`privdl.audit.examples.canary_data`)."""
     from privdl.data.custom import user_data
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
     from privdl.registry import make_config
     from privdl.tasks import UserObjects
 
-    m = int(np.sum(present))
+    m = len(present) if fillers else int(np.sum(present))
     if m < 1 or not 0 < sampling_rate < 1:
         raise ConfigError("a client audit needs canaries and a sampling rate in (0, 1)")
     clip = float(values.get("clip") or 1.0)
-    x, y = canary_data(present, clip)
+    x, y = canary_data(present, clip, fillers=fillers)
     others = [(torch.zeros_like(x), torch.zeros_like(y)) for _ in range(CLIENTS - 1)]
     batch = max(1, round(sampling_rate * m))
     cfg = calibrated or make_config(

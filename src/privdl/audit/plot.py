@@ -44,18 +44,26 @@ def tradeoff_figure(result: AuditResult, path: str | Path) -> Path:
     if isinstance(mu, int | float) and math.isfinite(mu):
         ax.plot(alphas, tradeoff_curve(float(mu)), label=f"{label}: G_mu, mu={mu:.3g}")
     pts = np.asarray(result.tradeoff, float)
-    ax.plot(
-        pts[:, 0], pts[:, 1], "o", markersize=3, label="observed (fitted test, held-out trials)"
+    game = result.one_run
+    observed = (
+        "observed (the one-run score, all canaries)"
+        if game
+        else "observed (fitted test, held-out trials)"
     )
+    ax.plot(pts[:, 0], pts[:, 1], "o", markersize=3, label=observed)
     ax.plot([0, 1], [1, 0], "--", color="grey", linewidth=0.8, label="perfect privacy")
     ax.set_xlabel("FPR (type I error)")
     ax.set_ylabel("FNR (type II error)")
-    ax.set_title(
-        f"audit of {result.algorithm} ({result.threat_model}), {result.trials} trials\n"
+    title = (
+        f"one-run audit of {result.algorithm} ({result.threat_model}), "
+        f"{result.trials} canaries\nlower bound {result.epsilon_lower:.3g} (one-run, "
+        f"{game['correct']} of {game['guesses']} guesses right)"
+        if game
+        else f"audit of {result.algorithm} ({result.threat_model}), {result.trials} trials\n"
         f"lower bound {result.epsilon_lower:.3g} (clopper-pearson), "
-        f"{result.epsilon_lower_gdp:.3g} (gdp)",
-        fontsize=9,
+        f"{result.epsilon_lower_gdp:.3g} (gdp)"
     )
+    ax.set_title(title, fontsize=9)
     ax.set_aspect("equal")
     ax.legend(fontsize=7, loc="upper right")
     out = Path(path)

@@ -30,18 +30,31 @@ def _text(r: Any) -> str:
         + (f", mu {mu:.4g}" if isinstance(mu, float) else "")
     )
     verdict = "yes" if r.within_accounted else "NO: the implementation exceeds its accountant"
+    game = r.one_run
+    size = (
+        f"one run, {game['canaries']} canaries ({game['included']} included)"
+        if game
+        else f"{r.trials} trials"
+    )
+    lower = (
+        f"  lower      epsilon {r.epsilon_lower:.4g} (one-run: {game['correct']} of "
+        f"{game['guesses']} guesses right, best of {game['candidates']} guess counts)"
+        if game
+        else f"  lower      epsilon {r.epsilon_lower:.4g} (clopper-pearson, no assumption)"
+    )
     return "\n".join(
         [
-            f"audit of {r.algorithm} ({r.threat_model}): {r.trials} trials, "
+            f"audit of {r.algorithm} ({r.threat_model}): {size}, "
             f"{r.confidence:.0%} confidence, {r.seconds:.2f} s",
             f"  accounted  epsilon {r.epsilon_accounted:.4g} ({label})",
-            f"  lower      epsilon {r.epsilon_lower:.4g} (clopper-pearson, no assumption)",
+            lower,
             (
                 f"             epsilon {r.epsilon_lower_gdp:.4g} (gdp: assumes mu-GDP; "
                 f"mu >= {r.mu_lower:.4g})"
                 if r.epsilon_lower_gdp == r.epsilon_lower_gdp  # not NaN
                 else "             (no gdp bound: the view mixes over secret sampling, not mu-GDP)"
             ),
+            *([f"  score: {game['score']}"] if game else []),
             f"  test: {r.test}",
             f"  within the accounted bound: {verdict}",
             f"  canary: {r.canary['kind']}"
@@ -54,13 +67,18 @@ def _text(r: Any) -> str:
 
 
 def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
-           as_json, plot, suite, out, overwrite, **flags):  # fmt: skip
+           one_run, canaries, black_box, as_json, plot, suite, out, overwrite,
+           **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
     if suite:
+        if one_run or black_box:
+            raise click.UsageError("--suite runs its own preset: no --one-run or --black-box")
         _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed)
         return
+    if canaries is not None and not one_run:
+        raise click.UsageError("--canaries counts the canaries of --one-run: give --one-run")
     values = command_line_values(config_file, algorithm, flags, sets)
     name = values.pop("algorithm", None)
     if name is None:
@@ -73,6 +91,9 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         seed=int(seed or 0),
         batch=batch,
         sampling_rate=sampling_rate,
+        one_run=one_run,
+        canaries=canaries or 1000,
+        black_box=black_box,
         **values,
     )
     if plot:
@@ -146,6 +167,25 @@ audit = click.Command(
             default=0.05,
             show_default=True,
             help="Example level (dpsgd --sampling poisson): each canary example's inclusion rate.",
+        ),
+        click.Option(
+            ["--one-run"],
+            is_flag=True,
+            help="Audit one run on --canaries canary examples, each included with probability "
+            "1/2 (Steinke, Nasr and Jagielski 2023): dpsgd --sampling poisson and the federated "
+            "clients.",
+        ),
+        click.Option(
+            ["--canaries"],
+            type=click.IntRange(10, 7000),
+            default=None,
+            help="--one-run: canary examples in the run (default 1000).",
+        ),
+        click.Option(
+            ["--black-box"],
+            is_flag=True,
+            help="dpsgd --sampling poisson: the adversary sees the final model only (its score "
+            "is the canary's loss).",
         ),
         click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."),
         click.Option(
