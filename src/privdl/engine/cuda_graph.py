@@ -27,7 +27,7 @@ from torch import Tensor
 
 from privdl.engine.grads import ClipSpec, GradResult, node_gradients
 
-__all__ = ["GraphedGradients"]
+__all__ = ["GraphedGradients", "graphed_oracle"]
 
 #: at most this many signatures are captured (Poisson batches padded to few shapes stay under it);
 #: further signatures run eagerly
