@@ -48,7 +48,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
                   "Reproduce a paper figure/table: report.md, PNGs, summary.json."),
     "run": ("privdl.cli.run", "run", "Train ALGORITHM and record metrics and privacy spent."),
     "serve": ("privdl.cli.serve", "serve",
-              "Serve the accountant as a local web page (offline; loopback by default)."),
+              "The accountant as a local web page (offline, loopback only)."),
 }  # fmt: skip
 
 

@@ -21,7 +21,7 @@ import click
 )
 @click.option("--verbose", is_flag=True, help="Log every request on stderr.")
 def serve(host: str, port: int, verbose: bool) -> None:
-    """Serve the accountant as a local web page (offline; loopback by default)."""
+    """The accountant as a local web page (offline, loopback only by default)."""
     from privdl.errors import ConfigError
     from privdl.serve.app import is_loopback, make_server
 

@@ -107,6 +107,7 @@ class App:
         self.jobs = JobQueue()
         self._graphs: OrderedDict[str, Topology] = OrderedDict()
         self._uploads: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._facts: OrderedDict[str, tuple[Topology, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- graphs
@@ -136,6 +137,20 @@ class App:
                 self._graphs.popitem(last=False)
         return topo
 
+    def facts(self, ref: str) -> dict[str, Any]:
+        """:func:`~privdl.serve.compute.graph_facts` of a graph, computed once per graph kept."""
+        topo = self.graph(ref)
+        with self._lock:
+            cached = self._facts.get(ref)
+        if cached is not None and cached[0] is topo:
+            return cached[1]
+        facts = compute.graph_facts(topo)
+        with self._lock:
+            self._facts[ref] = (topo, facts)
+            while len(self._facts) > KEEP_GRAPHS:
+                self._facts.popitem(last=False)
+        return facts
+
     def upload(self, body: dict[str, Any]) -> dict[str, Any]:
         text, filename = body.get("text"), str(body.get("filename") or "edges.txt")
         if not isinstance(text, str):
@@ -147,7 +162,7 @@ class App:
             self._graphs[ref] = topo
             while len(self._uploads) > KEEP_UPLOADS:
                 self._uploads.popitem(last=False)
-        return {"graph": ref, "filename": filename, "facts": compute.graph_facts(topo)}
+        return {"graph": ref, "filename": filename, "facts": self.facts(ref)}
 
     # -- jobs
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -274,9 +289,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/limits":
             self._json(200, {"limits": compute.LIMITS, "version": __version__})
         elif path == "/api/graph":
-            ref = query.get("graph", "")
-            facts = compute.graph_facts(self.app.graph(ref))
-            self._json(200, {"graph": ref, "facts": facts})
+            ref = query.get("graph", "").strip()
+            self._json(200, {"graph": ref, "facts": self.app.facts(ref)})
         elif path.startswith("/api/jobs/"):
             parts = path.removeprefix("/api/jobs/").split("/")
             job = self.app.jobs.get(parts[0])

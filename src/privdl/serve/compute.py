@@ -298,19 +298,25 @@ def graph_facts(topo: Topology) -> dict[str, Any]:
 
 
 def drawing(topo: Topology) -> dict[str, Any]:
-    """Node positions (a spring layout, seed 0; a circle for rings and complete graphs)."""
+    """Node positions in [0, 1]^2 and the edges: a circle for rings and complete graphs, the
+    lattice for grids, rows as concentric circles for tori, else a spring layout (seed 0)."""
     import networkx as nx
 
-    name = topo.name.split(":")[0]
-    if name in ("ring", "complete", "star") or topo.n <= 3:
-        pos = (
-            nx.circular_layout(topo.graph)
-            if name != "star"
-            else nx.spring_layout(topo.graph, seed=0)
-        )
+    kind, _, rest = topo.name.partition(":")
+    idx = np.arange(topo.n)
+    if kind in ("torus", "grid") and "x" in rest:
+        rows, cols = (int(v) for v in rest.split("x"))
+        r, c = idx // cols, idx % cols
+        if kind == "grid":
+            xy = np.c_[c, r].astype(float)
+        else:  # the column index wraps round a circle, the row index goes outwards
+            radius = 0.35 + 0.65 * (r + 1) / rows
+            xy = np.c_[radius * np.cos(2 * np.pi * c / cols), radius * np.sin(2 * np.pi * c / cols)]
+    elif kind in ("ring", "complete") or topo.n <= 3:
+        xy = np.c_[np.cos(2 * np.pi * idx / topo.n), np.sin(2 * np.pi * idx / topo.n)]
     else:
         pos = nx.spring_layout(topo.graph, seed=0, iterations=100)
-    xy = np.array([pos[i] for i in range(topo.n)], dtype=float).reshape(topo.n, 2)
+        xy = np.array([pos[i] for i in range(topo.n)], dtype=float).reshape(topo.n, 2)
     lo, span = xy.min(axis=0), np.ptp(xy, axis=0)
     xy = (xy - lo) / np.where(span > 0, span, 1.0)
     return {"xy": np.round(xy, 4).tolist(), "edges": topo.edges.tolist()}

@@ -127,7 +127,7 @@ async function loadGraph() {
   } catch (e) {
     showError($("graph-error"), e.message);
     $("facts").replaceChildren();
-    $("drawing").hidden = true;
+    $("drawing").setAttribute("hidden", "");
   }
 }
 async function uploadGraph(file) {
@@ -156,7 +156,7 @@ function renderFacts(f) {
   $("facts").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "num", id: `fact-${k.split(" ")[0]}` }, String(v)))));
   const svg = $("drawing");
   svg.replaceChildren();
-  if (!f.drawing) { svg.hidden = true; return; }
+  if (!f.drawing) { svg.setAttribute("hidden", ""); return; }
   const NS = "http://www.w3.org/2000/svg";
   const P = (v) => 12 + v * 296;
   const r = f.n > 100 ? 2 : f.n > 30 ? 3.5 : 6;
@@ -175,7 +175,7 @@ function renderFacts(f) {
     const t = document.createElementNS(NS, "title"); t.textContent = `node ${i}`; c.append(t);
     svg.append(c);
   });
-  svg.hidden = false;
+  svg.removeAttribute("hidden");
 }
 
 // ------------------------------------------------------------------ jobs
@@ -189,6 +189,7 @@ async function run() {
   try {
     const job = await api("POST", "/api/jobs", { kind: tab, params: paramsFor(tab) });
     currentJob = job.id;
+    $("run").disabled = false;  // a new Compute cancels this job and starts another
     $("cancel").disabled = false;
     poll(job.id, tab);
   } catch (e) {
@@ -293,7 +294,7 @@ function curveCharts(c) {
   if (!c) return [];
   const ed = c.epsilon_delta, to = c.tradeoff;
   return [chart("epsilon vs delta", [{ name: "epsilon(delta)", xs: ed.deltas, ys: ed.epsilons }], "delta", "epsilon", true, false),
-          chart(`trade-off curve (${to.kind})`, [{ name: "beta(alpha)", xs: to.alphas, ys: to.betas }, { name: "no privacy", xs: [0, 1], ys: [0, 0] }], "alpha (type I error)", "beta (type II error)", false, false)];
+          chart(`trade-off curve (${to.kind})`, [{ name: "beta(alpha)", xs: to.alphas, ys: to.betas }, { name: "perfect privacy: 1 - alpha", xs: [0, 1], ys: [1, 0] }], "alpha (type I error)", "beta (type II error)", false, false)];
 }
 function chart(title, lines, xlabel, ylabel, logx, logy) {
   const NS = "http://www.w3.org/2000/svg", W = 480, H = 280, L = 58, R = 12, T = 12, B = 40;
