@@ -187,6 +187,14 @@ def test_bad_input_shows_a_message_and_the_server_answers_next(browser, base_url
     _fill_decor(browser, "ring:100000000", "1", "10", "1", "100", "1e-5", "eavesdropper", "")
     assert _compute(browser, "decor-epsilon") == "error"
     assert "100,000,000 nodes" in _by_id(browser, "error").text
+    split = tmp_path / "two.txt"  # accepted (its facts say so), refused where it matters
+    split.write_text("0 1\n2 3\n")
+    _by_id(browser, "upload").send_keys(str(split))
+    _wait(browser, lambda d: _by_id(d, "fact-connected").text == "false")
+    _fill_decor(browser, _by_id(browser, "graph").get_attribute("value"), "1", "10", "1", "100",
+                "1e-5", "eavesdropper", "")  # fmt: skip
+    assert _compute(browser, "decor-epsilon") == "error"
+    assert "is disconnected (2 components)" in _by_id(browser, "error").text
     # a good upload, and the next computation still answers
     good = tmp_path / "square.txt"
     good.write_text("0 1\n1 2\n2 3\n3 0\n")

@@ -267,3 +267,20 @@ def test_serve_command_listens_on_loopback_and_says_so():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_reused_step_gives_the_recomputed_epsilon():
+    """account_decor(step=...) (the page's epsilon-vs-steps curve) equals the full computation
+    at every T, and refuses a step of another threat model."""
+    from privdl.accounting import account_decor
+    from privdl.errors import PrivacyError
+
+    graph = parse_graph("torus:3x4").graph
+    kw = dict(sigma_cdp=1.0, sigma_cor=5.0, delta=1e-6, adversary="curious")
+    step = compute.step_of(account_decor(graph, steps=7, **kw))
+    for t in (1, 30, 500):
+        assert account_decor(graph, steps=t, step=step, **kw).epsilon == (
+            account_decor(graph, steps=t, **kw).epsilon
+        )
+    with pytest.raises(PrivacyError, match="against curious, not eavesdropper"):
+        account_decor(graph, steps=3, step=step, **{**kw, "adversary": "eavesdropper"})
