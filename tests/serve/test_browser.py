@@ -182,8 +182,8 @@ def test_bad_input_shows_a_message_and_the_server_answers_next(browser, base_url
                                ("delta", "1", "delta must lie in (0, 1)")]:  # fmt: skip
         _fill_decor(browser, "ring:16", "1", "10", "1", "100", "1e-5", "eavesdropper", "")
         _type(browser, name, value)
-        assert _compute(browser, "decor-epsilon") == "error"
-        assert words in _by_id(browser, "error").text
+        assert _compute(browser, "decor-epsilon") == "error", (name, value)
+        assert words in _by_id(browser, "error").text, (name, value, _by_id(browser, "error").text)
     _fill_decor(browser, "ring:100000000", "1", "10", "1", "100", "1e-5", "eavesdropper", "")
     assert _compute(browser, "decor-epsilon") == "error"
     assert "100,000,000 nodes" in _by_id(browser, "error").text
@@ -194,7 +194,7 @@ def test_bad_input_shows_a_message_and_the_server_answers_next(browser, base_url
     _fill_decor(browser, _by_id(browser, "graph").get_attribute("value"), "1", "10", "1", "100",
                 "1e-5", "eavesdropper", "")  # fmt: skip
     assert _compute(browser, "decor-epsilon") == "error"
-    assert "is disconnected (2 components)" in _by_id(browser, "error").text
+    assert "graph 'two.txt' is disconnected (2 components)" in _by_id(browser, "error").text
     # a good upload, and the next computation still answers
     good = tmp_path / "square.txt"
     good.write_text("0 1\n1 2\n2 3\n3 0\n")
@@ -239,3 +239,18 @@ def test_page_fits_laptop_and_phone_widths(browser, base_url):
             browser.set_window_size(width, min(full + 140, 4000))
             browser.save_screenshot(str(Path(shots) / f"serve-{name}.png"))
     browser.set_window_size(1280, 900)
+
+
+def test_a_long_computation_shows_progress_and_can_be_cancelled(browser, base_url):
+    """Last in the module: the cancelled job's current stage still finishes on the worker."""
+    browser.get(base_url + "/")
+    _wait(browser, lambda d: _by_id(d, "fact-nodes").text == "16")
+    _fill_decor(browser, "torus:30x30", "1", "10", "1", "1000", "1e-5", "curious", "")
+    _choose(browser, "unit", "example")  # subsampled: a PLD composition per stage
+    _by_id(browser, "run").click()
+    _wait(browser, lambda d: not _by_id(d, "cancel").get_attribute("disabled"))
+    _wait(browser, lambda d: "SecRDP step" in _by_id(d, "status").text
+          or "epsilon over" in _by_id(d, "status").text)  # fmt: skip
+    _by_id(browser, "cancel").click()
+    _wait(browser, lambda d: _by_id(d, "status").text == "cancelled", timeout=5)
+    assert _by_id(browser, "cancel").get_attribute("disabled")

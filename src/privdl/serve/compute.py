@@ -280,6 +280,7 @@ def graph_from_edge_list(text: str, filename: str = "edges.txt") -> Topology:
             topo = parse_graph(str(path))
         except GraphError as exc:
             raise GraphError(str(exc).replace(f"{tmp}/", "")) from None
+    topo = Topology(name=safe, graph=topo.graph)  # named by the file, not the temporary copy
     check_graph_size(topo.n, topo.num_edges, what=f"edge list {safe!r}")
     return topo
 
