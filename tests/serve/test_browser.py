@@ -221,6 +221,30 @@ def test_dpsgd_panel_equals_cli(browser, base_url, capsys):
     assert len(browser.find_elements("css selector", "#compare tr")) == 5  # header + 4 accountants
 
 
+def test_calibrate_and_nominal_panels_equal_cli(browser, base_url, capsys):
+    browser.get(base_url + "/")
+    _wait(browser, lambda d: _by_id(d, "fact-nodes").text == "16")
+    browser.find_element("css selector", "#tabs button[data-tab=calibrate-decor]").click()
+    _type(browser, "graph", "torus:4x4")
+    for name, value in (("cal_epsilon", "5"), ("steps", "300"), ("delta", "1e-6")):
+        _type(browser, name, value)
+    assert _compute(browser, "cal-sigma-cor") == "result", _by_id(browser, "error").text
+    cli = cli_json(capsys, ["calibrate", "decor", "--graph", "torus:4x4", "--epsilon", "5",
+                            "--steps", "300", "--delta", "1e-6"])  # fmt: skip
+    assert float(_by_id(browser, "cal-sigma-cor").get_attribute("data-value")) == cli["sigma_cor"]
+    browser.find_element("css selector", "#tabs button[data-tab=plan]").click()
+    _choose(browser, "plan", "porter")
+    for name, value in (("plan_tau", "2"), ("plan_steps", "50"), ("plan_local_samples", "300"),
+                        ("plan_epsilon", "2"), ("plan_delta", "1e-5")):  # fmt: skip
+        _type(browser, name, value)
+    assert _compute(browser, "plan-eps-accounted") == "result", _by_id(browser, "error").text
+    cli = cli_json(capsys, ["plan", "porter", "--tau", "2", "--steps", "50", "--local-samples",
+                            "300", "--epsilon", "2", "--delta", "1e-5"])  # fmt: skip
+    for key in ("nominal", "accounted"):
+        shown = float(_by_id(browser, f"plan-eps-{key}").get_attribute("data-value"))
+        assert shown == cli[key]["epsilon"], key
+
+
 def test_page_fits_laptop_and_phone_widths(browser, base_url):
     shots = os.environ.get("PRIVDL_SCREENSHOTS")
     for name, width, height in (("laptop", 1280, 900), ("phone", 390, 844)):

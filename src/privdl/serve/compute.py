@@ -377,11 +377,7 @@ def decor_page(topo: Topology, graph_spec: str, params: dict[str, Any],
     topo.require_connected("DECOR accounting")  # the CLI's refusal and message
     asked = settings.pop("adversary")
     conversion = settings.pop("conversion")
-    threats = [t for t in ("eavesdropper", "curious") if t != asked]
-    if asked.startswith("collusion:"):
-        threats.append(asked)
-    threats = [asked, *[t for t in threats if t != asked], *(["ldp"] if asked != "ldp" else [])]
-    threats = list(dict.fromkeys(threats))
+    threats = list(dict.fromkeys([asked, *THREAT_MODELS]))  # the one asked first
     # a subsampled step's curve costs a PLD composition per point: only the asked threat model's
     sampled = "sampling_rate" in settings and settings["sampling_rate"] < 1
     grid = step_grid(settings["steps"], LIMITS["curve_points_sampled"] if sampled else None)
@@ -409,10 +405,11 @@ def decor_page(topo: Topology, graph_spec: str, params: dict[str, Any],
             out = obj
     curve_threats = [t for t in curve_threats if t in accounts]
     for k, threat in enumerate(curve_threats):
-        progress((len(threats) + k) / stages, f"epsilon over {len(grid)} step counts ({threat})")
         step = step_of(accounts[threat])
         eps = []
-        for t in grid:
+        for j, t in enumerate(grid):
+            progress((len(threats) + k + j / len(grid)) / stages,
+                     f"epsilon after {t} of {settings['steps']} steps ({threat})")  # fmt: skip
             if t == settings["steps"]:  # the call made above, with these very arguments
                 eps.append(models[threat]["epsilon"])
                 continue

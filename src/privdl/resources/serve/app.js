@@ -267,13 +267,19 @@ function render(kind, r, jobId) {
     charts.append(...curveCharts(r.curves));
   } else if (kind === "calibrate-decor") {
     head.append(el("div", {}, el("span", { class: "eps" }, "sigma_cor = ", el("span", { id: "cal-sigma-cor", "data-value": String(r.sigma_cor) }, fmt(r.sigma_cor)))),
-      headline(r.epsilon, r.label, "cal-decor-epsilon", "achieved "), warnings(r.warnings));
+      headline(r.epsilon_achieved, r.label, "cal-decor-epsilon", "achieved "), warnings(r.warnings));
     tables.append(kv(r));
   } else if (kind === "calibrate-dpsgd") {
     head.append(el("div", {}, el("span", { class: "eps" }, "noise multiplier z = ", el("span", { id: "cal-z", "data-value": String(r.noise_multiplier) }, fmt(r.noise_multiplier)))),
       headline(r.epsilon_achieved, r.label, "cal-dpsgd-epsilon", "achieved "));
     tables.append(kv(r));
   } else if (kind === "plan") {
+    if (r.nominal && r.accounted) {
+      head.append(el("div", {}, el("span", { class: "eps" }, "nominal ε = ",
+        el("span", { id: "plan-eps-nominal", "data-value": String(r.nominal.epsilon) }, fmt(r.nominal.epsilon))),
+        " (the paper's claim: NOT a guarantee)"),
+        headline(r.accounted.epsilon, `accounted: ${r.accounted.accountant}, delta = ${fmt(r.accounted.delta)}, ${r.accounted.unit}-level, ${r.accounted.neighbouring}`, "plan-eps-accounted", "accounted "));
+    }
     const rows = [];
     for (const key of ["nominal", "accounted"]) {
       if (r[key] && r[key].epsilon !== undefined) rows.push(el("tr", { id: `plan-${key}` }, el("td", {}, key), numCell(r[key].epsilon), el("td", {}, r[key].accountant), el("td", {}, r[key].notes || "")));
