@@ -109,6 +109,7 @@ def account_decor(
     max_subsets: int = MAX_SUBSETS,
     force: bool = False,
     method: str = "auto",
+    step: SecRdpStep | None = None,
 ) -> DecorAccount:
     """(eps, delta)-SecLDP of T DECOR steps against ``adversary`` (DECOR Appendix C; example level
     App. D.1; docs/accounting.md sections 2-3).
@@ -125,6 +126,9 @@ def account_decor(
         sampling: fixed_size (uniform without replacement) or poisson.
         neighbouring: replace_one (the paper's) or add_remove (example level only).
         with_bound: also report the Theorem 1/6 closed-form slope.
+        step: the per-step SecRDP of these very settings, computed before (it does not depend
+            on ``steps`` or ``delta``): reused instead of running Alg 2/3 again, e.g. for an
+            epsilon-vs-steps curve. Its adversary must be ``adversary``'s.
     """
     check_delta(delta)
     if int(steps) != steps or steps < 1:
@@ -143,16 +147,19 @@ def account_decor(
     elif neighbouring != "replace_one":
         raise PrivacyError("user-level DECOR accounting is replace-one (sensitivity 2C)")
     step_clip = clip / cast(int, batch_size) if example_level else clip
-    step: SecRdpStep = decor_step_rdp(
-        graph,
-        sigma_cdp=sigma_cdp,
-        sigma_cor=sigma_cor,
-        clip=step_clip,
-        adversary=adv,
-        max_subsets=max_subsets,
-        force=force,
-        method=method,
-    )
+    if step is None:
+        step = decor_step_rdp(
+            graph,
+            sigma_cdp=sigma_cdp,
+            sigma_cor=sigma_cor,
+            clip=step_clip,
+            adversary=adv,
+            max_subsets=max_subsets,
+            force=force,
+            method=method,
+        )
+    elif step.adversary != adv.label:
+        raise PrivacyError(f"the step given is against {step.adversary}, not {adv.label}")
     bound = None
     if with_bound:
         bound = theorem_bound(

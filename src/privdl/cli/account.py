@@ -7,17 +7,11 @@ Every epsilon printed carries its label (accountant, delta, neighbouring, unit, 
 from __future__ import annotations
 
 import json
-import math
-import warnings
 from typing import Any, cast
 
 import click
 
 from privdl.accounting import (
-    account_decor,
-    calibrate_noise_multiplier,
-    calibrate_sigma_cor,
-    dpsgd_budget,
     porter_plan,
     privsgp_optimal_steps,
     privsgp_plan,
@@ -25,10 +19,17 @@ from privdl.accounting import (
 )
 from privdl.accounting.budget import PrivacyBudget
 from privdl.accounting.compare import compare_decor, compare_event, decor_curves, privacy_curves
-from privdl.accounting.events import SubsampledGaussianEvent
 from privdl.accounting.tightest import EVENT_ACCOUNTANTS
 from privdl.cli.account_compare import check_curve_out, compare_options, finish
 from privdl.errors import PrivacyError
+from privdl.serve.compute import (
+    calibrate_decor_json,
+    calibrate_dpsgd_json,
+    check_positive,
+    decor_json,
+    dpsgd_json,
+    run_with_warnings,
+)
 from privdl.topology import parse_graph
 
 
@@ -128,20 +129,8 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    ok = value >= 0 if allow_zero else value > 0
-    if not (ok and math.isfinite(value)):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise PrivacyError(f"{name} must be {bound}, got {value}")
-
-
-def _run_with_warnings(fn: Any) -> tuple[Any, list[str]]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn()
-    return result, [str(w.message) for w in caught]
+_positive = check_positive
+_run_with_warnings = run_with_warnings
 
 
 # --------------------------------------------------------------------------- account
@@ -229,17 +218,14 @@ def account_decor_cmd(
         max_subsets=max_subsets,
         force=force,
     )
-    result, warns = _run_with_warnings(
-        lambda: account_decor(graph, conversion=conversion, with_bound=bound, **settings)
+    result, out, warns = decor_json(
+        graph, graph_spec, conversion=conversion, bound=bound, **settings
     )
     rows = curves = None
     if compare:  # its repeated step computations repeat the warnings above: not shown twice
         rows, _ = _run_with_warnings(lambda: compare_decor(graph, **settings))
     if curve or curve_out:
         curves = decor_curves(result)
-    out = {**result.to_dict(), "graph": graph_spec, "warnings": warns}
-    if result.budget.mu is not None:
-        out["mu"] = result.budget.mu
     for w in warns:
         click.echo(f"warning: {w}", err=True)
     finish(out, as_json=as_json, emit=_emit, title="DECOR privacy", rows=rows, curves=curves,
@@ -282,7 +268,7 @@ def account_dpsgd_cmd(
     """(eps, delta) of DP-SGD: T steps of a subsampled Gaussian, by default the tightest
     certified accountant's (exact Gaussian, dp-accounting's PLD or RDP)."""
     check_curve_out(curve_out)
-    budget = dpsgd_budget(
+    out, event = dpsgd_json(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
         steps=steps,
@@ -292,21 +278,6 @@ def account_dpsgd_cmd(
         neighbouring=neighbouring,
         dataset_size=dataset_size,
         threat_model=threat_model,
-    )
-    out = {
-        **budget.to_dict(),
-        "noise_multiplier": noise_multiplier,
-        "sampling_rate": sampling_rate,
-        "steps": steps,
-        "label": budget.label(),
-    }
-    event = SubsampledGaussianEvent(
-        noise_multiplier=noise_multiplier,
-        sampling_rate=sampling_rate,
-        steps=steps,
-        sampling=sampling,
-        neighbouring=neighbouring,
-        dataset_size=dataset_size,
     )
     rows = compare_event(event, delta=delta) if compare else None
     curves = privacy_curves(event) if (curve or curve_out) else None
@@ -367,27 +338,20 @@ def calibrate_decor_cmd(
     _positive("--epsilon", epsilon)
     _positive("--clip", clip)
     graph = _graph(graph_spec, connected="DECOR accounting")
-    result, warns = _run_with_warnings(
-        lambda: calibrate_sigma_cor(
-            graph,
-            epsilon=epsilon,
-            delta=delta,
-            steps=steps,
-            sigma_cdp=sigma_cdp,
-            clip=clip,
-            adversary=adversary,
-            conversion=conversion,
-            rtol=rtol,
-            max_subsets=max_subsets,
-            force=force,
-        )
+    out, warns = calibrate_decor_json(
+        graph,
+        graph_spec,
+        epsilon=epsilon,
+        delta=delta,
+        steps=steps,
+        sigma_cdp=sigma_cdp,
+        clip=clip,
+        adversary=adversary,
+        conversion=conversion,
+        rtol=rtol,
+        max_subsets=max_subsets,
+        force=force,
     )
-    rule = "given" if sigma_cdp is not None else "default: sqrt(2) x sigma_cdp_min"
-    if sigma_cdp is None and result.sigma_cdp >= result.sigma_cdp_max:
-        rule += ", capped at the LDP level sigma_cdp_max"
-    out = {**result.to_dict(), "sigma_cdp_rule": rule, "graph": graph_spec, "warnings": warns}
-    if result.budget.mu is not None:
-        out["mu"] = result.budget.mu
     for w in warns:
         click.echo(f"warning: {w}", err=True)
     _emit(out, as_json, "DECOR calibration")
@@ -426,19 +390,9 @@ def calibrate_dpsgd_cmd(
         neighbouring=neighbouring,
         dataset_size=dataset_size,
     )
-    z = calibrate_noise_multiplier(target_epsilon=epsilon, accountant=accountant, **event)
-    budget = dpsgd_budget(noise_multiplier=z, threat_model=threat_model, **event)
-    out = {
-        "noise_multiplier": z,
-        "epsilon_target": epsilon,
-        "epsilon_achieved": budget.epsilon,
-        "delta": delta,
-        "calibrated_with": accountant,
-        "accountant": budget.accountant,
-        "mu": budget.mu,
-        "label": budget.label(),
-        "budget": budget.to_dict(),
-    }
+    out = calibrate_dpsgd_json(
+        epsilon=epsilon, accountant=accountant, threat_model=threat_model, **event
+    )
     _emit(out, as_json, "DP-SGD calibration")
 
 

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
-from privdl.topology import MIXING_RULES, ExponentialGraph, mixing_matrix, parse_topology
+from privdl.topology import (
+    MIXING_RULES,
+    ExponentialGraph,
+    Topology,
+    mixing_matrix,
+    parse_topology,
+)
 from privdl.topology.mixing import heterogeneity_factor
 
 
@@ -22,14 +29,7 @@ from privdl.topology.mixing import heterogeneity_factor
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def graph(spec: str, mixing: str, as_json: bool) -> None:
     """Print the facts of graph SPEC (ring:16, torus:4x4, er:10:0.8:1, expo:16, FILE, ...)."""
-    topo = parse_topology(spec)
-    info = topo.summary()
-    if isinstance(topo, ExponentialGraph):
-        info["mixing"] = {"rule": "expo", "doubly_stochastic": True}
-    elif topo.is_connected or mixing in ("average",):
-        w = mixing_matrix(topo, mixing)
-        info["mixing"] = w.summary()
-        info["mixing"]["heterogeneity_H"] = heterogeneity_factor(w, topo)
+    info = topology_facts(parse_topology(spec), mixing)
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
@@ -39,6 +39,18 @@ def graph(spec: str, mixing: str, as_json: bool) -> None:
                 click.echo(f"{key}.{k2:<24} {_fmt(v2)}")
         else:
             click.echo(f"{key:<31} {_fmt(value)}")
+
+
+def topology_facts(topo: Topology | ExponentialGraph, mixing: str) -> dict[str, Any]:
+    """The facts ``privdl graph --json`` prints (``privdl serve`` shows the same)."""
+    info = topo.summary()
+    if isinstance(topo, ExponentialGraph):
+        info["mixing"] = {"rule": "expo", "doubly_stochastic": True}
+    elif topo.is_connected or mixing in ("average",):
+        w = mixing_matrix(topo, mixing)
+        info["mixing"] = w.summary()
+        info["mixing"]["heterogeneity_H"] = heterogeneity_factor(w, topo)
+    return info
 
 
 def _fmt(v) -> str:

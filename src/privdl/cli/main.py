@@ -47,6 +47,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "reproduce": ("privdl.cli.reproduce", "reproduce",
                   "Reproduce a paper figure/table: report.md, PNGs, summary.json."),
     "run": ("privdl.cli.run", "run", "Train ALGORITHM and record metrics and privacy spent."),
+    "serve": ("privdl.cli.serve", "serve",
+              "The accountant as a local web page (offline, loopback only)."),
 }  # fmt: skip
 
 
