@@ -37,6 +37,7 @@ from privdl.comm.base import Communicator
 from privdl.comm.local import LocalCommunicator
 from privdl.config import CommonConfig
 from privdl.errors import ConfigError, PrivdlError, ReportedError
+from privdl.mechanisms.identity import Authenticator, Roster, load_identities
 from privdl.recipes.base import KEY_FIELDS, Recipe, Run
 from privdl.records import RunRecords, write_record
 from privdl.registry import make_config, recipe_for
@@ -172,7 +173,16 @@ def build_run(
 
 
 def set_keys(run: Run, keys: Keys) -> None:
-    """Give ``run`` its keys; the task's minibatches follow its sampling seed."""
+    """Give ``run`` its keys (with the authenticator of its roster, if it has one); the task's
+    minibatches follow its sampling seed."""
+    roster = getattr(run.cfg, "roster", None)
+    if roster is not None and keys.authenticator is None:
+        owned = run.comm.owned_list
+        if roster == "seed":
+            auth = Authenticator.from_seed(run.cfg.seed, run.comm.n_nodes, owned)
+        else:
+            auth = Authenticator(Roster.load(roster), load_identities(run.cfg.identities, owned))
+        keys = dataclasses.replace(keys, authenticator=auth)
     run.keys = keys
     if hasattr(run.task, "seed"):
         run.task.seed = int(keys.sampling_seed)
