@@ -406,8 +406,8 @@ def test_federated_os_key_source_seeds_the_clients_generator_from_the_os(tmp_pat
     assert a["final"]["loss"] != b["final"]["loss"]
     first = [next(iter(RunRecords(tmp_path / r).rows()))["loss"] for r in ("a", "b")]
     assert first[0] == first[1]  # step 0: the same seeded initial model
-    notes = a["final"]["privacy"]["notes"]  # each client's own key (issue 29)
-    assert "own OS key" in notes and "the server cannot rebuild them" in notes
+    notes = a["final"]["privacy"]["notes"]  # each client's own key (issue 29), one process
+    assert "own OS key; one process runs every client and the server here" in notes
     assert a["final"]["privacy"]["threat_model"] == "server"
     s = train(make_config({**base, "key_source": "seed"}), tmp_path / "s", progress=False)
     assert "noise and sampling from the seed" in s["final"]["privacy"]["notes"]

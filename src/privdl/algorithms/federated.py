@@ -248,7 +248,7 @@ def _packed(
     return order, torch.gather(join, 1, order), join.sum(1)
 
 
-#: Local steps a round may take under keyed streams (the counter is ``round 2^32 + step``).
+#: Bits of the local step in a keyed stream's counter ``round 2^32 + step``.
 _STEP_BITS = 32
 
 

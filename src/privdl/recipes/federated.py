@@ -338,6 +338,11 @@ class FederatedRecipe(Recipe):
                 else "each client's noise and batches from its own OS key, held only by the "
                 "process that runs it: the server cannot rebuild them (the OS-seeded shared "
                 "generator draws only the participants)"
+                if run.comm.world_size > 1
+                else "each client's noise and batches from its own OS key; one process runs "
+                "every client and the server here and its checkpoint keeps the keys (under "
+                "privdl launch each rank keeps its own clients' keys: the server cannot "
+                "rebuild them)"
             )
             row["privacy"] = {
                 **spent,
