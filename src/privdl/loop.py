@@ -165,6 +165,11 @@ def build_run(
         cfg = recipe.calibrate(cfg, topology, task)
     comm = world.communicator(schedule, n_nodes=n, device=cfg.device, dtype=_dtype(cfg))
     algorithm = recipe.algorithm(cfg, topology, task)
+    if getattr(cfg, "roster", None) is not None and not getattr(algorithm, "sigma_cor", 0) > 0:
+        raise ConfigError(
+            f"a roster authenticates DECOR's key agreement (sigma_cor > 0); {cfg.algorithm} "
+            "agrees no keys: drop --roster and --identities"
+        )
     oracle = recipe.oracle(cfg, task, algorithm, comm.owned_list)
     privacy = recipe.accountant(cfg, topology, task, algorithm)
     run = Run(cfg, recipe, topology, comm, task, algorithm, oracle, privacy, Keys())

@@ -145,6 +145,7 @@ def test_privdl_identities_and_an_authenticated_run_end_to_end(tmp_path, capsys)
         (["--roster", str(ids / "roster.json")], "--identities FOLDER"),
         (["--roster", "seed", "--key-source", "os"], "authenticates nothing"),
         (["--roster", str(tmp_path / "none.json"), "--identities", str(ids)], "cannot read"),
+        (["--roster", "seed", "--sigma-cor", "0"], "agrees no keys: drop --roster"),
     ):
         assert main([*run, *bad, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err.strip()
