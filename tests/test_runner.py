@@ -394,8 +394,8 @@ def test_os_keys_draw_the_data_sampling_too(tmp_path):
 
 
 def test_federated_os_key_source_seeds_the_clients_generator_from_the_os(tmp_path):
-    """key_source=os in a federated run: the clients' generator (noise, batches, participation)
-    is seeded by the OS, so two runs with one seed differ while the model's initialisation does
+    """key_source=os in a federated run: each client's noise and batches come from its own OS key
+    (participation from an OS-seeded generator), so two runs with one seed differ while the model's initialisation does
     not; the checkpoint holds the generator's state, so two resumptions agree to the bit."""
     import shutil
 
@@ -406,7 +406,9 @@ def test_federated_os_key_source_seeds_the_clients_generator_from_the_os(tmp_pat
     assert a["final"]["loss"] != b["final"]["loss"]
     first = [next(iter(RunRecords(tmp_path / r).rows()))["loss"] for r in ("a", "b")]
     assert first[0] == first[1]  # step 0: the same seeded initial model
-    assert "generator seeded by the OS" in a["final"]["privacy"]["notes"]
+    notes = a["final"]["privacy"]["notes"]  # each client's own key (issue 29), one process
+    assert "own OS key; one process runs every client and the server here" in notes
+    assert a["final"]["privacy"]["threat_model"] == "server"
     s = train(make_config({**base, "key_source": "seed"}), tmp_path / "s", progress=False)
     assert "noise and sampling from the seed" in s["final"]["privacy"]["notes"]
     assert train(make_config(base), tmp_path / "p1", progress=False, stop_after=2) == {

@@ -109,6 +109,40 @@ class CommonConfig(BaseModel):
         "reproducible simulation) or os (operating-system randomness; kept only in the "
         "checkpoint, under privdl launch in OUT/keys/rank-R.pt).",
     )
+    # Authenticated key agreement (docs/security.md s.3): DECOR's X25519 keys travel signed by
+    # each node's Ed25519 identity and are verified against the roster before the agreement.
+    roster: str | None = Field(
+        default=None,
+        description="Roster of the nodes' Ed25519 identities (a privdl-roster/v1 JSON file, from "
+        "privdl identities): DECOR's key agreement is authenticated and a substituted key refused; "
+        "'seed' derives the identities from --seed (simulation only).",
+    )
+    identities: str | None = Field(
+        default=None,
+        description="Folder holding the identity keys node-I.ed25519 of the nodes this process "
+        "runs (needed with a roster file).",
+    )
+
+    @model_validator(mode="after")
+    def _authentication(self) -> Any:
+        """A roster file needs the owned nodes' identity keys; identity keys need a roster; a
+        roster derived from the seed authenticates nothing outside a simulation."""
+        if self.identities is not None and self.roster is None:
+            raise ValueError("identities are checked against a roster: give --roster FILE too")
+        if self.roster == "seed":
+            if self.identities is not None:
+                raise ValueError("roster = 'seed' derives the identities: drop --identities")
+            if self.key_source == "os":
+                raise ValueError(
+                    "roster = 'seed' (identities derived from the seed) authenticates nothing "
+                    "under key_source os: give a roster file and --identities (privdl identities)"
+                )
+        elif self.roster is not None and self.identities is None:
+            raise ValueError(
+                f"roster {self.roster} needs the identity keys of this process's nodes: "
+                "--identities FOLDER"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

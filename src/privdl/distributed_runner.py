@@ -88,8 +88,9 @@ class DistributedWorld(World):
         """Each rank's keys from the OS, kept only in ``OUT/keys/rank-R.pt`` (mode 0600, folder
         0700). A resumed run reads its file back: it must carry the checkpoint's key id (not
         another run's file) and the fields this algorithm has, and the run needs the same number
-        of processes. A recipe whose processes share one generator (``shared_sampling``) takes
-        rank 0's sampling seed."""
+        of processes. A recipe whose processes share one generator (``shared_sampling``: the
+        federated participants) takes rank 0's sampling seed; the clients' own keys, which draw
+        their batches and noise, stay with the rank that runs them (docs/security.md s.1)."""
         path = _key_file(out_dir, self.rank)
         owned = run.comm.owned_list
         saved, problem = (None, None) if ckpt is None else _read_key_file(path, ckpt, self.size)

@@ -37,6 +37,7 @@ from privdl.comm.base import Communicator
 from privdl.comm.local import LocalCommunicator
 from privdl.config import CommonConfig
 from privdl.errors import ConfigError, PrivdlError, ReportedError
+from privdl.mechanisms.identity import Authenticator, Roster, load_identities
 from privdl.recipes.base import KEY_FIELDS, Recipe, Run
 from privdl.records import RunRecords, write_record
 from privdl.registry import make_config, recipe_for
@@ -164,6 +165,11 @@ def build_run(
         cfg = recipe.calibrate(cfg, topology, task)
     comm = world.communicator(schedule, n_nodes=n, device=cfg.device, dtype=_dtype(cfg))
     algorithm = recipe.algorithm(cfg, topology, task)
+    if getattr(cfg, "roster", None) is not None and not getattr(algorithm, "sigma_cor", 0) > 0:
+        raise ConfigError(
+            f"a roster authenticates DECOR's key agreement (sigma_cor > 0); {cfg.algorithm} "
+            "agrees no keys: drop --roster and --identities"
+        )
     oracle = recipe.oracle(cfg, task, algorithm, comm.owned_list)
     privacy = recipe.accountant(cfg, topology, task, algorithm)
     run = Run(cfg, recipe, topology, comm, task, algorithm, oracle, privacy, Keys())
@@ -172,7 +178,16 @@ def build_run(
 
 
 def set_keys(run: Run, keys: Keys) -> None:
-    """Give ``run`` its keys; the task's minibatches follow its sampling seed."""
+    """Give ``run`` its keys (with the authenticator of its roster, if it has one); the task's
+    minibatches follow its sampling seed."""
+    roster = getattr(run.cfg, "roster", None)
+    if roster is not None and keys.authenticator is None:
+        owned = run.comm.owned_list
+        if roster == "seed":
+            auth = Authenticator.from_seed(run.cfg.seed, run.comm.n_nodes, owned)
+        else:
+            auth = Authenticator(Roster.load(roster), load_identities(run.cfg.identities, owned))
+        keys = dataclasses.replace(keys, authenticator=auth)
     run.keys = keys
     if hasattr(run.task, "seed"):
         run.task.seed = int(keys.sampling_seed)

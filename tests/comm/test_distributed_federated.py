@@ -151,16 +151,24 @@ def _os_rank(rank: int, out: str) -> None:
     run_worker({**RUN, "key_source": "os"}, out, timeout_s=30, progress=False)
 
 
-@pytest.mark.slow  # ~45 s; tests/test_runner.py covers key_source os in one process
-def test_launched_os_key_source_shares_rank_0s_generator_seed(tmp_path, monkeypatch, run_ranks):
-    """Every rank holds the same clients' generator: under key_source=os rank 0's OS draw is
-    broadcast, so the launched run equals the single-process run seeded by that draw."""
-    import privdl.algorithms.base
-
-    assert run_ranks(2, _os_rank, (str(tmp_path / "launched"),)) == [0, 0]
-    monkeypatch.setattr(privdl.algorithms.base, "_os_seed", lambda: 1000)
-    sp_train({**RUN, "key_source": "os"}, tmp_path / "single", progress=False)
-    _assert_rows_close(_rows(tmp_path / "launched"), _rows(tmp_path / "single"))
-    other = tmp_path / "seeded"
-    sp_train(RUN, other, progress=False)
-    assert _rows(other)[-1]["loss"] != _rows(tmp_path / "single")[-1]["loss"]
+@pytest.mark.slow  # ~45 s; tests/algorithms/test_federated_keys.py runs the replay attack
+def test_launched_os_clients_keep_their_keys_from_the_server(tmp_path, run_ranks):
+    """Under key_source=os rank 0's OS draw is shared only for the participants; each rank draws
+    its own clients' keys and keeps them in its key file: no file rank 0 (the server) holds
+    carries a key of rank 1's clients, and the records say the server cannot rebuild the noise
+    (the replay of the shared seed: tests/algorithms/test_federated_keys.py)."""
+    out = tmp_path / "launched"
+    assert run_ranks(2, _os_rank, (str(out),)) == [0, 0]
+    k0, k1 = (torch.load(out / "keys" / f"rank-{r}.pt", weights_only=True) for r in (0, 1))
+    assert (k0["owned"], k1["owned"]) == ([0, 1], [2, 3])
+    assert k0["sampling_seed"] == k1["sampling_seed"] == 1000  # rank 0's: the participants
+    theirs = k1["keys"]["noise_keys"]
+    assert len(theirs) == 2 and all(len(k) == 32 for k in theirs)
+    assert not set(theirs) & set(k0["keys"]["noise_keys"])
+    server_files = [f for f in out.rglob("*") if f.is_file() and f.name != "rank-1.pt"]
+    assert out / "checkpoint.pt" in server_files
+    for f in server_files:
+        data = f.read_bytes()
+        assert not any(key in data or key.hex().encode() in data for key in theirs), f
+    final = _rows(out)[-1]["privacy"]
+    assert final["threat_model"] == "server" and "server cannot rebuild" in final["notes"]

@@ -26,13 +26,14 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
+from privdl.mechanisms.identity import Authenticator
 from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
 from privdl.optim import OptState
 from privdl.tree import Tree, consensus_distance, sq_norm_per_node, tree_map
@@ -106,6 +107,8 @@ class Keys:
     source: Literal["seed", "os"] = "seed"
     sampling_seed: int = 0
     session_id: str = ""
+    #: signs and verifies DECOR's X25519 keys against a roster (docs/security.md s.3)
+    authenticator: Authenticator | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_seed(cls, seed: int, *, session_id: str = "") -> Keys:
@@ -129,14 +132,17 @@ class Keys:
 
     def edge_keys(self, edges: Any, n_nodes: int, comm: Communicator) -> tuple[bytes | None, ...]:
         """DECOR's per-edge secrets for the edges incident to the owned nodes (None elsewhere),
-        agreed by X25519 over ``comm.key_transport`` (only public keys cross it)."""
+        agreed by X25519 over ``comm.key_transport`` (only public keys cross it; signed and
+        verified against the roster with an ``authenticator``)."""
+        auth = self.authenticator
         secrets = agree_edge_secrets(
             edges,
             n_nodes,
-            transport=comm.key_transport(edges),
+            transport=comm.key_transport(edges, record_bytes=32 if auth is None else 96),
             nodes=comm.owned_list,
             seed=self.secret_seed,
             session_id=self.session_id,
+            authenticator=auth,
         )
         return tuple(secrets.edge_keys())
 

@@ -18,7 +18,7 @@ keys and model messages ever cross the communicator.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -35,8 +35,9 @@ from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.correlated import decor_noise
+from privdl.mechanisms.discrete_gaussian import grid_for, secure_noise, snap, snap_clip
 from privdl.mechanisms.prng import NormalBackend
-from privdl.tree import Tree, unflatten
+from privdl.tree import Tree, flatten, unflatten
 
 
 @dataclass
@@ -72,10 +73,20 @@ class Decor:
     #: an optimizer of :mod:`privdl.optim` applied per node to the privatized gradient (None:
     #: plain SGD, ``x - eta (g + noise)`` with the decoupled ``weight_decay`` above)
     optimizer: Any = None
+    #: "secure": the independent noise is a discrete Gaussian on a grid and the clipped
+    #: gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`; sigma_cor = 0)
+    noise_mode: Literal["float", "secure"] = "float"
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
             raise ConfigError("sigma_cdp and sigma_cor must be >= 0")
+        if self.noise_mode == "secure" and (
+            self.sigma_cor > 0 or self.sigma_cdp <= 0 or self.clip.threshold is None
+        ):
+            raise ConfigError(
+                "the secure noise mode adds independent noise (sigma_cdp > 0, sigma_cor = 0) "
+                "to clipped gradients"
+            )
         if self.weight_decay < 0:
             raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
 
@@ -93,6 +104,22 @@ class Decor:
         noise_keys = keys.node_noise_keys(nodes) if self.sigma_cdp > 0 else ()
         opt = optimizer_buffers(self.optimizer, params)
         return DecorState(params, 0, edge_keys=edge_keys, noise_keys=noise_keys, opt=opt)
+
+    def _inner_clip(self, size: int) -> ClipSpec:
+        """Clip at ``C - gamma sqrt(d) / 2``: the snapped gradient has norm at most ``C``."""
+        grid = grid_for(self.sigma_cdp)
+        assert self.clip.threshold is not None  # __post_init__
+        return replace(self.clip, threshold=snap_clip(self.clip.threshold, grid, size))
+
+    def _secure_gradients(self, grads: Tree, state: DecorState, t: int, size: int) -> Tree:
+        """``gamma round(g / gamma) + gamma N_Z(0, (sigma/gamma)^2)``, exact in float64 (every
+        term a multiple of the power-of-two grid), then cast (post-processing)."""
+        grid = grid_for(self.sigma_cdp)
+        flat = flatten(grads)
+        noise = secure_noise(
+            list(state.noise_keys), t, size, sigma=self.sigma_cdp, device=flat.device
+        )
+        return unflatten((snap(flat, grid) + noise).to(flat.dtype), grads)
 
     def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, StepInfo]:
         t = state.t
@@ -118,10 +145,15 @@ class Decor:
                 prefetch=True,  # used out of place below
             )
 
-        pending = in_background(draw, device=first.device)  # drawn while line 2 runs
-        res = oracle(state.params, t, clip=self.clip)  # line 2
-        grads = res.grads
-        flat = pending()
+        if self.noise_mode == "secure":  # lines 2-3 on the grid (docs/security.md s.4)
+            res = oracle(state.params, t, clip=self._inner_clip(size))
+            grads = self._secure_gradients(res.grads, state, t, size)
+            flat = None
+        else:
+            pending = in_background(draw, device=first.device)  # drawn while line 2 runs
+            res = oracle(state.params, t, clip=self.clip)  # line 2
+            grads = res.grads
+            flat = pending()
         if flat is not None:
             noise = unflatten(flat, grads)
             added = torch._foreach_add(list(grads.values()), [noise[k] for k in grads])

@@ -23,9 +23,19 @@ Random draws per local step, in this order (tests replay them): ``rand(n, m_max)
 sampling, then ``randn(n, *shape)`` for each parameter in model order, from one generator on the
 data's device (``torch.Generator(device=data.x.device)``; CUDA and CPU streams differ).
 
+Keyed clients (``key_source = "os"``, docs/security.md s.1): each client's Poisson sampling and
+noise come instead from its own 32-byte key (``FederatedState.noise_keys``, OS randomness, held
+only by the process that runs the client): local step k of round e uses counter
+``e 2^32 + k``, keyed uniforms (substream 0, :func:`~privdl.mechanisms.prng.uniform_streams`)
+for the batch and keyed normals (substream 1 + j for the j-th parameter,
+:func:`~privdl.mechanisms.prng.normal_streams`) for the noise. The shared generator then draws
+only the participants, which the server learns anyway; nothing that reaches the server (the
+broadcast seed, its checkpoint's generator state, the gathered updates) rebuilds a client's
+noise.
+
 Sharded (``torch.distributed``, docs/distributed.md): with a communicator that owns a shard of
 the clients, every process holds the same config and its clients' data, and runs the local steps
-of the clients it owns (``comm.owned``) only. Every process
+of the clients it owns (``comm.owned``) only. In a seeded run every process
 draws the full ``(n, ...)`` tensors above from the same seeded generator and keeps its rows, so a
 client's draws do not depend on the sharding and the round equals the simulator's (cost: the
 draws of all n clients on every process, O(n (m_max + p)) per local step, small next to the
@@ -50,6 +60,7 @@ from privdl.data.batching import StackedData
 from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.engine.losses import correct, per_sample_loss
 from privdl.errors import ConfigError
+from privdl.mechanisms.prng import normal_streams, uniform_streams
 from privdl.models.base import StackedModel
 from privdl.tree import Tree, flatten, unflatten
 
@@ -73,13 +84,16 @@ def flatten_tree(tree: Tree, *, leading: bool = True) -> Tensor:
 
 @dataclass
 class FederatedState:
-    """Server model ``theta`` (no node dim), round counter, per-client participation, RNG."""
+    """Server model ``theta`` (no node dim), round counter, per-client participation, RNG;
+    ``noise_keys``: the held clients' own stream keys (``key_source = "os"``; empty in a seeded
+    run, whose clients draw from ``generator``)."""
 
     theta: Tree
     round: int
     participated: Tensor
     generator: torch.Generator
     history: list[dict[str, Any]] = field(default_factory=list)
+    noise_keys: tuple[bytes, ...] = field(default=(), repr=False)
 
     @property
     def t(self) -> int:
@@ -183,14 +197,23 @@ class ClientData:
         (one sync per local step)."""
         counts = self.counts
         n, width = self.n_clients, self.x.shape[1]
-        valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
         if rates is None:
-            return torch.arange(width, device=counts.device).expand(n, width), valid, counts
+            return _packed(None, counts, None, width)
         u = torch.rand(n, width, generator=gen, device=gen.device).to(counts.device)
-        rate = torch.as_tensor(rates, device=counts.device)
-        join = (u.double() < rate[:, None]) & valid
-        order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)
-        return order, torch.gather(join, 1, order), join.sum(1)
+        return _packed(u, counts, torch.as_tensor(rates, device=counts.device), width)
+
+    def keyed_batches(
+        self, keys: tuple[bytes, ...], counter: int, rates: np.ndarray | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Poisson batches of the HELD clients (``rows``), each from its own key ``keys[r]``
+        (uniforms of :func:`~privdl.mechanisms.prng.uniform_streams`, substream 0)."""
+        counts = self.counts.index_select(0, self.rows)
+        width = self.x.shape[1]
+        if rates is None:
+            return _packed(None, counts, None, width)
+        u = uniform_streams(keys, counter, width, substream=0, device=counts.device)
+        rate = torch.as_tensor(np.asarray(rates, float), device=counts.device)[self.rows]
+        return _packed(u, counts, rate, width)
 
     def gradients(
         self,
@@ -210,6 +233,23 @@ class ClientData:
             self.model, params, xb, yb, loss=self.loss, clip=clip, mask=mask,
             denominator=denominator,
         ).grads  # fmt: skip
+
+
+def _packed(
+    u: Tensor | None, counts: Tensor, rate: Tensor | None, width: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sample j of client i joins where ``u[i, j] < rate[i]`` (``u=None``: every sample);
+    left-packed indices, their mask and each client's batch size."""
+    valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+    if u is None or rate is None:
+        return torch.arange(width, device=counts.device).expand(len(counts), width), valid, counts
+    join = (u.double() < rate[:, None]) & valid
+    order = torch.argsort((~join).to(torch.int8), dim=1, stable=True)
+    return order, torch.gather(join, 1, order), join.sum(1)
+
+
+#: Bits of the local step in a keyed stream's counter ``round 2^32 + step``.
+_STEP_BITS = 32
 
 
 @dataclass(frozen=True)
@@ -255,7 +295,9 @@ class FederatedRounds:
         shapes = oracle.model.param_shapes()
         theta = {k: (v[0] if v.dim() > len(shapes[k]) else v).clone() for k, v in params.items()}
         gen = torch.Generator(device=oracle.device).manual_seed(keys.sampling_seed)
-        return FederatedState(theta, 0, torch.zeros(self.n, dtype=torch.int64), gen)
+        # key_source = "os": each held client's own key; nobody else can rebuild its draws
+        own = keys.node_noise_keys(comm.owned_list) if keys.source == "os" else ()
+        return FederatedState(theta, 0, torch.zeros(self.n, dtype=torch.int64), gen, noise_keys=own)
 
     def _participants(self, gen: torch.Generator) -> Tensor:
         k = self.clients_per_round
@@ -271,13 +313,18 @@ class FederatedRounds:
         gen: torch.Generator,
         oracle: ClientData,
         comm: Communicator,
+        *,
+        keys: tuple[bytes, ...] = (),
+        round_index: int = 0,
     ) -> Tree:
         """``Delta_i`` of the clients this process runs (``comm.owned``; all in the simulator),
         stacked ``(len(rows), ...)``; 0 for inactive clients. ``active`` has all n clients.
 
         The loop runs the largest ``E_i`` of all active clients and draws every client's batch
         and noise at every local step (see the module docstring), so ``gen`` advances the same
-        way on every process whatever clients it owns.
+        way on every process whatever clients it owns. With ``keys`` (one per held client) the
+        batches and noise come from the clients' own keyed streams at counter
+        ``round_index 2^32 + step`` instead, and ``gen`` is not used.
         """
         dev, rows = oracle.device, oracle.rows
         sharded = rows.numel() != self.n
@@ -300,11 +347,22 @@ class FederatedRounds:
             # 19 steps, b_i = 16 runs 150); every client's batch and noise are still drawn, so
             # the generator advances the same way whatever is computed
             running = (act & (k < steps))[rows_host]
-            index, mask, sizes = oracle.poisson_batches(gen, rates)
-            if sharded:
-                index, mask, sizes = index[rows], mask[rows], sizes[rows]
             noise = {}
-            if self.private:  # all n clients' noise, then the held rows (sharding-free)
+            if keys:  # each held client's own streams (docs/security.md s.1)
+                counter = (round_index << _STEP_BITS) + k
+                index, mask, sizes = oracle.keyed_batches(keys, counter, rates)
+                if self.private:
+                    for j, (name, v) in enumerate(params.items()):
+                        size = int(np.prod(v.shape[1:]))
+                        z = normal_streams(
+                            keys, counter, size, substream=1 + j, dtype=dtype, device=dev
+                        )
+                        noise[name] = z.reshape(len(keys), *v.shape[1:])
+            else:
+                index, mask, sizes = oracle.poisson_batches(gen, rates)
+                if sharded:
+                    index, mask, sizes = index[rows], mask[rows], sizes[rows]
+            if self.private and not keys:  # all n clients' noise, then the held rows
                 for name, v in params.items():
                     z = torch.randn(
                         (self.n, *v.shape[1:]), generator=gen, device=gen.device, dtype=dtype
@@ -339,7 +397,15 @@ class FederatedRounds:
         the ``participants`` and what the aggregator reports (e.g. its RPCA's convergence)."""
         gen = state.generator
         active = self._participants(gen)
-        own = self.local_updates(state.theta, active, gen, oracle, comm)
+        if state.noise_keys and len(state.noise_keys) != oracle.rows.numel():
+            raise ConfigError(
+                f"{len(state.noise_keys)} client keys for {oracle.rows.numel()} held clients"
+            )
+        if state.noise_keys and max(self.local_steps) >= 1 << _STEP_BITS:
+            raise ConfigError(f"keyed clients take fewer than 2^{_STEP_BITS} local steps a round")
+        own = self.local_updates(
+            state.theta, active, gen, oracle, comm, keys=state.noise_keys, round_index=state.round
+        )
         rows = oracle.rows
         sharded = rows.numel() != self.n
         # the server needs every client's column of M (Algorithm 1 line 3): gather the shards

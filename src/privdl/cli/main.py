@@ -38,6 +38,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
              "The main job: private vs non-private learning on a9a over ring:16."),
     "graph": ("privdl.cli.graph", "graph",
               "Print the facts of graph SPEC and of its mixing matrix."),
+    "identities": ("privdl.cli.identities", "identities",
+                   "Make an Ed25519 identity key per node and their roster."),
     "launch": ("privdl.cli.launch", "launch",
                "Train ALGORITHM on several processes, or as one torchrun rank."),
     "plan": ("privdl.cli.account", "plan",

@@ -93,7 +93,7 @@ class Communicator(ABC):
         """The owned rows of a full ``(n, ...)`` tree."""
 
     @abstractmethod
-    def key_transport(self, edges: Any) -> KeyTransport:
+    def key_transport(self, edges: Any, *, record_bytes: int = 32) -> KeyTransport:
         """Carries the public keys of the owned nodes to their neighbours (DECOR's setup)."""
 
     # -- the loop's collectives (values that are not tensors) ----------------------------------

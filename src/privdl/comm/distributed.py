@@ -414,9 +414,10 @@ class DistributedCommunicator(Communicator):
         mine = self.shards[self.rank]
         return {k: v[mine.start : mine.stop].clone() for k, v in tree.items()}
 
-    def key_transport(self, edges: Any) -> DistributedKeyTransport:
-        """Public keys to the ranks that own neighbouring nodes (batched point-to-point)."""
-        return DistributedKeyTransport(self, edges)
+    def key_transport(self, edges: Any, *, record_bytes: int = 32) -> DistributedKeyTransport:
+        """Public keys to the ranks that own neighbouring nodes (batched point-to-point);
+        ``record_bytes`` per node (96: a key and its Ed25519 signature)."""
+        return DistributedKeyTransport(self, edges, record_bytes=record_bytes)
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (``broadcast_object_list``)."""
@@ -440,13 +441,17 @@ class DistributedKeyTransport:
     sends, to every rank owning a neighbour of one of its nodes, the keys of its nodes adjacent to
     that rank (``(m, 32)`` uint8, nodes in increasing order, so no ids need to travel) and
     receives theirs (batched point-to-point). ``carried`` records every payload:
-    ``(direction, from_rank, to_rank, bytes)``.
+    ``(direction, from_rank, to_rank, bytes)``. ``record_bytes``: what each node publishes (32:
+    its key; 96: its key and signature, docs/security.md s.3).
     """
 
     KEY_BYTES = 32
 
-    def __init__(self, comm: DistributedCommunicator, edges: Any) -> None:
+    def __init__(
+        self, comm: DistributedCommunicator, edges: Any, *, record_bytes: int = KEY_BYTES
+    ) -> None:
         self.comm = comm
+        self.record_bytes = int(record_bytes)
         array = as_edge_array(edges, comm.n_nodes)
         self.neighbours: dict[int, list[int]] = {i: [] for i in range(comm.n_nodes)}
         for u, v in array.tolist():
@@ -457,8 +462,8 @@ class DistributedKeyTransport:
         self.carried: list[tuple[str, int, int, bytes]] = []
 
     def publish(self, node: int, public_bytes: bytes) -> None:
-        if len(public_bytes) != self.KEY_BYTES:
-            raise PrivdlError(f"public keys are {self.KEY_BYTES} bytes; got {len(public_bytes)}")
+        if len(public_bytes) != self.record_bytes:
+            raise PrivdlError(f"public keys are {self.record_bytes} bytes; got {len(public_bytes)}")
         self._board[int(node)] = bytes(public_bytes)
 
     def _boundary(self, src: range, dst: range) -> list[int]:
@@ -480,12 +485,12 @@ class DistributedKeyTransport:
                 payload = b"".join(self._board[i] for i in out_nodes)
                 self.carried.append(("send", me, q, payload))
                 data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-                data = data.reshape(-1, self.KEY_BYTES).to(comm.device)  # NCCL: device tensors
+                data = data.reshape(-1, self.record_bytes).to(comm.device)  # NCCL: device tensors
                 ops.append(dist.P2POp(dist.isend, data, q))
             in_nodes = self._boundary(shard, mine)
             if in_nodes:
                 buf = torch.empty(
-                    (len(in_nodes), self.KEY_BYTES), dtype=torch.uint8, device=comm.device
+                    (len(in_nodes), self.record_bytes), dtype=torch.uint8, device=comm.device
                 )
                 bufs[q] = (in_nodes, buf)
                 ops.append(dist.P2POp(dist.irecv, bufs[q][1], q))
@@ -499,7 +504,7 @@ class DistributedKeyTransport:
             payload = bytes(buf.cpu().numpy().tobytes())
             self.carried.append(("recv", q, me, payload))
             for k, i in enumerate(nodes):
-                self._board[i] = payload[k * self.KEY_BYTES : (k + 1) * self.KEY_BYTES]
+                self._board[i] = payload[k * self.record_bytes : (k + 1) * self.record_bytes]
         self._done = True
 
     def collect(self, node: int) -> Mapping[int, bytes]:

@@ -114,6 +114,6 @@ class LocalCommunicator(Communicator):
         """Every node is owned here: the tree itself."""
         return tree
 
-    def key_transport(self, edges: Any) -> LocalKeyTransport:
+    def key_transport(self, edges: Any, *, record_bytes: int = 32) -> LocalKeyTransport:
         """An in-process board of public keys over all nodes."""
         return LocalKeyTransport(edges, self.n_nodes)

@@ -65,6 +65,7 @@ __all__ = [
     "keystream_to_normals",
     "normal_streams",
     "resolve_backend",
+    "uniform_streams",
 ]
 
 KEY_BYTES = 32
@@ -409,3 +410,42 @@ def normal_streams(
     else:
         rows = _torch_normals(keys, counter, size, substream, device, dtype)
     return rows.to(dtype=dtype, device=device)
+
+
+def uniform_streams(
+    keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    substream: int = 0,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Uniform rows on [0, 1), row k a pure function of ``(keys[k], counter, substream)``.
+
+    The ChaCha20 keystream of the stream (the nonce of :func:`keystream`), read as ``size``
+    little-endian uint64 words w; the value is ``(w >> 11) 2^-53``, exact in float64 (every
+    multiple of 2^-53 in [0, 1) equally likely). What a federated client's Poisson sampling
+    compares with its rate ``q_i``, from the client's own key (docs/security.md s.1).
+    Returns ``(len(keys), size)`` float64 on ``device``.
+    """
+    if size < 0:
+        raise PrivacyError(f"size must be >= 0; got {size}")
+    if sys.byteorder != "little":  # the words are defined as little-endian
+        raise PrivacyError("keyed uniform streams need a little-endian machine")
+    n_bytes = 8 * size
+    if n_bytes > _MAX_STREAM_BYTES:
+        raise PrivacyError(f"a stream holds at most 2^35 uniforms; asked for {size}")
+    checked = [_check_key(key) for key in keys]
+    nonce = _nonce(counter, substream)
+    zeros = bytes(n_bytes)
+    buffer = bytearray(max(len(checked) * n_bytes, 8))
+    view = memoryview(buffer)
+
+    def fill(k: int) -> None:  # one OpenSSL call per stream, into its own slice of the buffer
+        encryptor = Cipher(algorithms.ChaCha20(checked[k], nonce), mode=None).encryptor()
+        encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
+
+    _in_threads(fill, len(checked), parallel=len(buffer) >= _PARALLEL_BYTES)
+    words = torch.frombuffer(buffer, dtype=torch.int64)[: len(checked) * size]
+    top = words.reshape(len(checked), size).bitwise_right_shift(11).bitwise_and_((1 << 53) - 1)
+    return top.to(torch.float64).mul_(2.0**-53).to(device)

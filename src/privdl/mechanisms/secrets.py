@@ -17,9 +17,12 @@ The single-process simulator runs the very same code with :class:`LocalKeyTransp
 run plugs a transport over its communicator into the same :func:`agree_edge_secrets` call, for the
 nodes that process owns.
 
-Threat model note: the exchange is unauthenticated Diffie-Hellman, which protects against the
-passive adversaries of the paper (external eavesdropper, honest-but-curious users). An active
-man-in-the-middle needs authenticated public keys (e.g. signed by a PKI), which is out of scope.
+Threat model note: without an ``authenticator`` the exchange is unauthenticated Diffie-Hellman,
+which protects against the passive adversaries of the paper (external eavesdropper,
+honest-but-curious users) but not against an active man in the middle. With one
+(:class:`~privdl.mechanisms.identity.Authenticator`: a roster of Ed25519 identities and the owned
+nodes' identity keys) every X25519 public key travels signed and is verified against the roster
+before the exchange; a substituted key is refused (docs/security.md s.3).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from privdl.errors import GraphError, PrivacyError
+from privdl.mechanisms.identity import Authenticator
 
 __all__ = [
     "EDGE_SECRET_LABEL",
@@ -254,6 +258,7 @@ def agree_edge_secrets(
     nodes: Iterable[int] | None = None,
     seed: int | bytes | None = None,
     session_id: bytes | str = b"",
+    authenticator: Authenticator | None = None,
 ) -> EdgeSecrets:
     """Run DECOR's one-round secret setup (paper s.2; docs/secrets.md) for the nodes owned here.
 
@@ -262,7 +267,9 @@ def agree_edge_secrets(
     public key on ``transport`` (default: a fresh :class:`LocalKeyTransport` over all nodes),
     collects its neighbours' keys and derives one HKDF-SHA256 secret per incident edge. When both
     endpoints of an edge are owned here, their independently derived secrets are checked to agree.
-    Private keys are discarded on return.
+    Private keys are discarded on return. With ``authenticator`` each published key carries its
+    node's Ed25519 signature and every received key is verified against the roster before the
+    exchange (:mod:`privdl.mechanisms.identity`); the secrets are the same as without.
     """
     array = as_edge_array(edges, n_nodes)
     session = session_id.encode() if isinstance(session_id, str) else bytes(session_id)
@@ -276,7 +283,8 @@ def agree_edge_secrets(
     private = {i: _private_key(i, seed, session) for i in owned}
     public = {i: _public_bytes(key) for i, key in private.items()}
     for i in owned:
-        transport.publish(i, public[i])
+        signed = public[i] if authenticator is None else authenticator.sign(i, public[i], session)
+        transport.publish(i, signed)
     all_public = dict(public)
     secrets: dict[int, bytes] = {}
     owned_set = set(owned)
@@ -286,7 +294,9 @@ def agree_edge_secrets(
             if end in owned_set:
                 incident[end].append(e)
     for i in owned:
-        received = transport.collect(i)
+        received = dict(transport.collect(i))
+        if authenticator is not None:  # verified before any exchange
+            received = {j: authenticator.open(j, key, session) for j, key in received.items()}
         for e in incident[i]:
             u, v = array[e].tolist()
             j = v if i == u else u

@@ -58,6 +58,14 @@ class DecentralizedConfig(CommonConfig):
         "aes-ziggurat, chacha20 or torch (docs/secrets.md).",
     )
 
+    # docs/security.md s.4: lattice-valued noise against floating-point attacks
+    noise_mode: Literal["float", "secure"] = Field(
+        default="float",
+        description="float (default: keyed float32 Gaussian streams) or secure (ldp only: a "
+        "discrete Gaussian on a power-of-two grid and the clipped gradient snapped to it, "
+        "accounted by RDP at user level; docs/security.md).",
+    )
+
     @field_validator("sigma")
     @classmethod
     def _sigma(cls, v: float) -> float:
@@ -78,6 +86,18 @@ class DecentralizedRecipe(Recipe):
         return "metropolis"
 
     def resolve(self, cfg: Any, given: Mapping[str, Any]) -> Any:
+        if cfg.noise_mode == "secure":
+            if cfg.algorithm != "ldp":
+                raise ConfigError(
+                    f"noise_mode secure is implemented for ldp (independent noise on each "
+                    f"node's clipped gradient), not {cfg.algorithm}"
+                )
+            if cfg.accountant != "rdp":
+                raise ConfigError(
+                    "noise_mode secure is accounted by RDP (the discrete Gaussian's zCDP bound; "
+                    "the exact Gaussian curve of the tightest accountant is the continuous "
+                    "Gaussian's): add --accountant rdp"
+                )
         # (runs saved before this check recorded the then-default "metropolis" for expo: resumable)
         if given.get("mixing") not in (None, "metropolis") and time_varying(cfg.graph):
             raise ConfigError(f"graph {cfg.graph!r} has its own push-sum weights: drop mixing")

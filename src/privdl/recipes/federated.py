@@ -75,7 +75,8 @@ _FOREIGN = {
     "(example-level)",
     "lr_decay": "the local step size is constant (Eq. 1)",
     "weight_decay": "Eq. 1 has none",
-    "noise_backend": "client noise comes from the run's torch generator",
+    "noise_backend": "client noise comes from the run's torch generator (key_source os: from "
+    "each client's own key with the default backend)",
     "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",
     "sampling": "local batches are Poisson samples (what the accountant assumes)",
     "gamma": "it is PORTER's consensus step",
@@ -334,7 +335,14 @@ class FederatedRecipe(Recipe):
                 "seed can rebuild the noise, so the guarantee holds only against an adversary "
                 "who does not"
                 if run.cfg.key_source != "os"
-                else "noise and sampling from a generator seeded by the OS"
+                else "each client's noise and batches from its own OS key, held only by the "
+                "process that runs it: the server cannot rebuild them (the OS-seeded shared "
+                "generator draws only the participants)"
+                if run.comm.world_size > 1
+                else "each client's noise and batches from its own OS key; one process runs "
+                "every client and the server here and its checkpoint keeps the keys (under "
+                "privdl launch each rank keeps its own clients' keys: the server cannot "
+                "rebuild them)"
             )
             row["privacy"] = {
                 **spent,

@@ -26,8 +26,9 @@ from privdl.algorithms.decor import Decor
 from privdl.config import CommonConfig, parse_adversary_label
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
+from privdl.mechanisms.discrete_gaussian import grid_for
 from privdl.optim import parse_optimizer
-from privdl.privacy import NoiseKind, calibrate_noise, spent, step_rdp, with_key_note
+from privdl.privacy import NoiseKind, calibrate_noise, privacy_unit, spent, step_rdp, with_key_note
 from privdl.recipes.base import refuse_non_private
 from privdl.recipes.decentralized import DecentralizedConfig, DecentralizedRecipe
 from privdl.topology import complete, mixing_matrix, parse_topology
@@ -180,6 +181,12 @@ class GossipRecipe(DecentralizedRecipe):
             raise ConfigError(f"algorithm {alg!r} needs a noise std sigma > 0")
         elif cfg.sigma_cor > 0:
             raise ConfigError(f"algorithm {alg!r} has no correlated noise (sigma_cor)")
+        if cfg.noise_mode == "secure" and privacy_unit(cfg, task) != "user":
+            raise ConfigError(
+                "noise_mode secure is accounted at user level (no subsampling amplification, "
+                "which is proved for the continuous Gaussian): use clip_mode batch_mean or "
+                "sampling full"
+            )
         # one step for the whole family: DECOR's, with the noise this algorithm adds
         return Decor(
             step,
@@ -191,6 +198,7 @@ class GossipRecipe(DecentralizedRecipe):
             weight_decay=weight_decay,
             noise_backend=cfg.noise_backend,
             optimizer=optimizer,
+            noise_mode=cfg.noise_mode,
         )
 
     def step_rdp(
@@ -216,4 +224,20 @@ class GossipRecipe(DecentralizedRecipe):
             sigma=cfg.sigma,
             sigma_cor=cfg.sigma_cor,
         )
-        return with_key_note(at, cfg.key_source)
+        noted = with_key_note(at, cfg.key_source)
+        if cfg.noise_mode != "secure":
+            return noted
+        secure = (
+            f"secure noise: discrete Gaussian on the grid {grid_for(cfg.sigma):.6g} with the "
+            "clipped gradient snapped to it (RDP of the discrete Gaussian <= the continuous "
+            "one's; docs/security.md)"
+        )
+
+        def with_secure(t: int) -> dict[str, Any] | None:
+            rec = noted(t)
+            if rec is not None:
+                rec["notes"] = "; ".join(x for x in (rec.get("notes"), secure) if x)
+                rec["mu"] = None  # the mu-GDP curve is the continuous Gaussian's
+            return rec
+
+        return with_secure

@@ -1,0 +1,121 @@
+"""The secure noise mode: a discrete Gaussian on a power-of-two grid (docs/security.md s.4).
+
+Oracles: the closed-form pmf of N_Z(0, s^2), ``exp(-k^2 / (2 s^2)) / sum_j exp(-j^2 / (2 s^2))``
+(Canonne, Kamath & Steinke 2020, Definition 1), by a chi-square test (and the test has power: the
+rounded continuous Gaussian, a different pmf at small s, is rejected on the same samples);
+exact arithmetic for the lattice (every released value an integer multiple of the grid) and for
+the snapping margin (a vector clipped at the inner bound, then snapped, has norm <= C).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from privdl.errors import PrivacyError
+from privdl.mechanisms.discrete_gaussian import (
+    GRID_BITS,
+    discrete_gaussian_streams,
+    grid_for,
+    secure_noise,
+    snap,
+    snap_clip,
+)
+
+KEYS = [bytes([i]) * 32 for i in range(1, 5)]
+
+
+def _chi2(samples: np.ndarray, pmf_of, s: float) -> float:
+    """p-value of the samples against ``pmf_of(k)``, tails beyond 3 s pooled."""
+    hi = int(3 * s) + 1
+    support = np.arange(-int(40 * s) - 10, int(40 * s) + 11)
+    pmf = pmf_of(support)
+    pmf = pmf / pmf.sum()
+    cells = [support <= -hi, *[support == v for v in range(-hi + 1, hi)], support >= hi]
+    observed = [(samples <= -hi).sum(), *[(samples == v).sum() for v in range(-hi + 1, hi)],
+                (samples >= hi).sum()]  # fmt: skip
+    expected = np.array([pmf[c].sum() for c in cells]) * len(samples)
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+@pytest.mark.parametrize("s", [0.6, 3.5])
+def test_samples_follow_the_closed_form_pmf(s):
+    k = discrete_gaussian_streams(KEYS, 3, 50_000, scale=s).numpy().ravel()
+    assert _chi2(k, lambda x: np.exp(-(x**2) / (2 * s * s)), s) > 1e-3
+    if s < 1:  # power: at small s the rounded continuous Gaussian is another law, rejected
+
+        def rounded(x):
+            return stats.norm.cdf((x + 0.5) / s) - stats.norm.cdf((x - 0.5) / s)
+
+        assert _chi2(k, rounded, s) < 1e-6
+
+
+def test_the_default_grid_moments_and_determinism():
+    sigma = 0.37
+    grid = grid_for(sigma)
+    assert grid == 2.0 ** (math.floor(math.log2(sigma)) - GRID_BITS)
+    assert 2**GRID_BITS <= sigma / grid < 2 ** (GRID_BITS + 1)
+    x = secure_noise(KEYS, 5, 40_000, sigma=sigma)
+    assert x.dtype == torch.float64
+    k = x / grid
+    assert torch.equal(k, torch.round(k))  # on the lattice, exactly
+    assert float(x.mean()) == pytest.approx(0.0, abs=4 * sigma / math.sqrt(x.numel()))
+    assert float(x.var()) / sigma**2 == pytest.approx(1.0, abs=0.02)  # N_Z's variance ~ s^2
+    # row k is a function of (keys[k], counter) only: not of the other rows' keys
+    assert torch.equal(secure_noise(KEYS[2:3], 5, 40_000, sigma=sigma), x[2:3])
+    assert not torch.equal(secure_noise(KEYS[:1], 6, 40_000, sigma=sigma), x[:1])
+
+
+def test_snapped_gradient_plus_noise_is_exact_and_within_the_clip():
+    g = torch.Generator().manual_seed(0)
+    sigma, clip, d = 0.05, 1.0, 10_000
+    grid = grid_for(sigma)
+    inner = snap_clip(clip, grid, d)
+    assert inner == pytest.approx(clip - grid * math.sqrt(d) / 2)
+    # adversarial: every coordinate half a grid step off, so rounding moves each up
+    v = torch.full((3, d), 0.5, dtype=torch.float64) + torch.randint(0, 9, (3, d), generator=g)
+    v = v * grid
+    v = v * (inner / v.norm(dim=1, keepdim=True))
+    snapped = snap(v, grid)
+    assert bool((snapped.norm(dim=1) <= clip).all())
+    total = snapped + secure_noise(KEYS[:3], 0, d, sigma=sigma)
+    assert torch.equal(total / grid, torch.round(total / grid))
+    with pytest.raises(PrivacyError, match="below the snapping margin"):
+        snap_clip(1e-9, grid, d)
+
+
+def test_secure_mode_end_to_end_and_its_refusals(tmp_path, capsys):
+    """``privdl run ldp --noise-mode secure --accountant rdp``: the epsilon of the float mode
+    (same RDP accounting), labelled; the other combinations are one line, exit 2, no run."""
+    import json
+
+    from privdl.cli.main import main
+
+    run = ["run", "ldp", "--task", "least-squares", "--graph", "ring:4", "--steps", "4",
+           "--eval-every", "4", "--sigma", "0.5", "--clip", "1", "--clip-mode", "batch_mean",
+           "--accountant", "rdp", "--no-progress"]  # fmt: skip
+    assert main([*run, "--out", str(tmp_path / "float")]) == 0
+    assert main([*run, "--noise-mode", "secure", "--out", str(tmp_path / "secure")]) == 0
+    rows = [
+        json.loads((tmp_path / r / "metrics.jsonl").read_text().splitlines()[-1])["privacy"]
+        for r in ("float", "secure")
+    ]
+    assert rows[1]["epsilon"] == rows[0]["epsilon"] and rows[1]["accountant"] == "secrdp+classic"
+    assert "secure noise: discrete Gaussian on the grid" in rows[1]["notes"]
+    assert rows[1]["mu"] is None
+    summary = json.loads((tmp_path / "secure" / "summary.json").read_text())
+    assert summary["config"]["noise_mode"] == "secure"
+    capsys.readouterr()
+    secure_decor = ["run", "decor", *run[2:], "--noise-mode", "secure"]
+    for argv, why in (
+        ([*run, "--noise-mode", "secure", "--accountant", "tightest"], "add --accountant rdp"),
+        (secure_decor, "noise_mode secure is implemented for ldp"),
+    ):
+        assert main([*argv, "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and why in err, err
+        assert not (tmp_path / "bad").exists()
