@@ -473,8 +473,10 @@ def checkpoint_keys(run: Run, state: Any) -> dict[str, Any]:
 
 
 #: Config keys a resume may find changed in ``config.json`` (where the run reads its data,
-#: which device runs it, its name in reports): none of them is in the checkpointed state.
-EDITABLE_KEYS = ("device", "data_dir", "label")
+#: which device runs it, its name in reports, where its keys come from: a launched run's
+#: resume with the seed's keys is another run, tests/comm/test_distributed.py): none of them
+#: shapes the checkpointed state.
+EDITABLE_KEYS = ("device", "data_dir", "label", "key_source")
 
 
 def refuse_edited_config(
