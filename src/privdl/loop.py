@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from pydantic import ValidationError
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
@@ -35,12 +37,12 @@ from rich.text import Text
 from privdl.algorithms.base import Keys
 from privdl.comm.base import Communicator
 from privdl.comm.local import LocalCommunicator
-from privdl.config import CommonConfig
+from privdl.config import CommonConfig, format_validation_error
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.mechanisms.identity import Authenticator, Roster, load_identities
 from privdl.recipes.base import KEY_FIELDS, Recipe, Run
-from privdl.records import RunRecords, write_record
-from privdl.registry import make_config, recipe_for
+from privdl.records import RecordsWarning, RunRecords, missing_steps, steps_text, write_record
+from privdl.registry import get_entry, make_config, recipe_for
 
 __all__ = [
     "Callback",
@@ -340,6 +342,16 @@ def run_loop(
     # not a terminal and not asked either way: a short line every PROGRESS_EVERY_S instead
     lines_wanted = writer and options.progress is None and not tty
     have = {r.get("step") for r in records.rows()} if records is not None else set()
+    if records is not None and state.t > 0:
+        lost = missing_steps(have, eval_every=cfg.eval_every, steps=cfg.steps, upto=state.t - 1)
+        if lost:  # said, never silent: privdl report flags the gap too
+            warnings.warn(
+                f"{records.metrics_path} lacks the rows of step(s) {steps_text(lost)}, before "
+                f"the checkpoint at step {state.t} (the file was cut or torn): they are lost; "
+                f"the run resumes at step {state.t}",
+                RecordsWarning,
+                stacklevel=2,
+            )
     start_wall = time.perf_counter() - t0_wall
     kill = world.fault_step()
     # evaluations gather every process's nodes: every process takes part, the writer records
@@ -475,6 +487,64 @@ def checkpoint_keys(run: Run, state: Any) -> dict[str, Any]:
     return keys
 
 
+#: Config keys a resume may find changed in ``config.json`` (where the run reads its data,
+#: which device runs it, its name in reports, where its keys come from: a launched run's
+#: resume with the seed's keys is another run, tests/comm/test_distributed.py): none of them
+#: shapes the checkpointed state.
+EDITABLE_KEYS = ("device", "data_dir", "label", "key_source")
+
+
+def refuse_edited_config(
+    ckpt: dict[str, Any] | None, cfg: CommonConfig, records: RunRecords
+) -> None:
+    """Refuse, with one line naming the key, to resume from a checkpoint written under another
+    configuration than ``config.json``'s (the file was edited after the run started);
+    checkpoints of earlier privdl versions carry no configuration and are checked by shape."""
+    saved = ckpt.get("config") if ckpt is not None else None
+    if not isinstance(saved, dict):
+        return
+    then = make_config(saved, saved=True).model_dump()
+    now = cfg.model_dump()
+    differ = [k for k in sorted(set(then) | set(now)) if k not in EDITABLE_KEYS
+              and then.get(k) != now.get(k)]  # fmt: skip
+    if differ:
+        k = differ[0]
+        more = f" (and {', '.join(differ[1:4])})" if len(differ) > 1 else ""
+        raise PrivdlError(
+            f"{records.dir}/config.json says {k}={now.get(k)!r} but the checkpoint was written "
+            f"with {k}={then.get(k)!r}{more}: config.json was edited after the run started; "
+            "put it back to resume, or start a new run with --out"
+        )
+
+
+def _misfit(run: Run, ckpt: dict[str, Any]) -> str | None:
+    """Why an earlier privdl's checkpoint (no config in it) cannot hold this run's nodes' models
+    (another shape), or None. A server's model (``replicated``) is not checked."""
+    if "config" in ckpt or run.recipe.replicated:
+        return None
+    fresh = run.recipe.initial_params(run.cfg, run.task)
+    saved = ckpt.get("params")
+    if not isinstance(saved, dict) or set(saved) != set(fresh):
+        return "other model parameters"
+    for k, v in fresh.items():
+        if not isinstance(saved[k], torch.Tensor) or tuple(saved[k].shape) != tuple(v.shape):
+            got = tuple(saved[k].shape) if isinstance(saved[k], torch.Tensor) else "?"
+            return f"{k} has shape {got}, this run's {tuple(v.shape)}"
+    return None
+
+
+def config_from_dump(dump: dict[str, Any]) -> CommonConfig:
+    """The configuration ``cfg.model_dump()`` came from (what rank 0 sends the other ranks:
+    validated by its family's model, not resolved again)."""
+    name = dump.get("algorithm") if isinstance(dump, dict) else None
+    if not isinstance(name, str):
+        raise PrivdlError("rank 0 sent a configuration without an algorithm")
+    try:
+        return get_entry(name).recipe.config_model.model_validate(dump)
+    except ValidationError as exc:
+        raise format_validation_error(exc) from None
+
+
 # -- train and resume -----------------------------------------------------------------------
 def fit(
     cfg: CommonConfig | dict[str, Any] | None,
@@ -518,12 +588,14 @@ def fit(
                 if resume:
                     saved = records.config()  # refuses a directory that holds no run
                     held.enter_context(records.exclusive())
+                    records.remove_orphans()  # a killed writer's temporary files (keys)
                     cfg = make_config(saved, saved=True)
                     if on_start is not None:
                         on_start(records, cfg)
                     done = records.summary()
                     if done is None:
                         ckpt = records.load_checkpoint()
+                        refuse_edited_config(ckpt, cfg, records)
                         if ckpt is not None and "keys" in ckpt and world.size > 1:
                             raise PrivdlError(
                                 "this key_source=os run was started in one process and keeps "
@@ -537,13 +609,17 @@ def fit(
                     assert isinstance(cfg, CommonConfig)
                     held.enter_context(records.exclusive())
                     records.start(cfg.model_dump(), overwrite=overwrite)
+                    records.remove_orphans()
                     if on_start is not None:
                         on_start(records, cfg)
                     write_calibration(records, run.calibration())
             except PrivdlError as exc:
                 error = exc
         status = None if error is None else str(error)
-        cfg, status, finished = world.broadcast((cfg, status, done is not None))
+        dump = cfg.model_dump() if isinstance(cfg, CommonConfig) and status is None else None
+        dump, status, finished = world.broadcast((dump, status, done is not None))
+        if not world.is_writer and dump is not None:  # plain data on the wire: rebuilt here
+            cfg = config_from_dump(dump)
         if status is not None:  # rank 0 raises it; the others exit quietly with code 2
             if error is not None:
                 raise error
@@ -563,12 +639,19 @@ def fit(
             state = run.init_state()
         wall = 0.0
         if ckpt is not None:
+            misfit = _misfit(run, ckpt)
+            if misfit is not None:  # a checkpoint without its config (an earlier privdl's)
+                raise PrivdlError(
+                    f"{records.checkpoint_path} does not fit the run in {records.dir}/config.json "
+                    f"({misfit}); was config.json edited? the run cannot be resumed"
+                )
             state = run.recipe.restore(run, state, ckpt)
             wall = float(ckpt.get("wall_time", 0.0))
 
         os_keys = cfg.key_source == "os"
 
         def save(ck: dict[str, Any], at: Any) -> None:
+            ck["config"] = cfg.model_dump()  # what a resume checks config.json against
             if os_keys:
                 world.annotate_checkpoint(run, at, ck)
             records.save_checkpoint(ck)

@@ -86,10 +86,14 @@ def save_torch_atomic(path: Path, obj: Any) -> None:
     """``torch.save`` to ``path`` through a temporary file and a rename (never half-written)."""
     import torch
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def plain_data(obj: Any) -> Any:
@@ -149,9 +153,16 @@ def load_torch_safe(path: Path, *, fix: str) -> Any:
                 f"{path} holds objects other than tensors and plain data (not a privdl "
                 f"checkpoint, or a crafted one); it was not loaded: {fix}"
             ) from None
-        raise PrivdlError(f"{path} is corrupt (UnpicklingError); {fix}") from None
+        raise PrivdlError(
+            f"{path} is unreadable (UnpicklingError: not a torch file); {fix}"
+        ) from None
+    except OSError as exc:  # the file may be good: say why it cannot be read, nothing more
+        raise PrivdlError(
+            f"cannot read {path} ({exc.strerror or type(exc).__name__}); the run cannot go on "
+            "without it: make it readable"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file: one clear line
-        raise PrivdlError(f"{path} is corrupt ({type(exc).__name__}); {fix}") from None
+        raise PrivdlError(f"{path} is unreadable ({type(exc).__name__}); {fix}") from None
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -159,10 +170,14 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     non-finite numbers become null."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(_clean(obj), f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(obj), f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_record(path: Path, obj: dict[str, Any]) -> None:
@@ -189,6 +204,13 @@ def environment() -> dict[str, Any]:
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "packages": versions,
     }
+
+
+#: The files of a run directory written through a temporary file and a rename.
+_ATOMIC_FILES = (
+    "checkpoint.pt", "config.json", "environment.json", "calibration.json", "summary.json",
+    "seeds.json", "report.md",
+)  # fmt: skip
 
 
 class RecordsWarning(UserWarning):
@@ -228,7 +250,13 @@ class RunRecords:
             yield
             return
         make_dir(self.dir)
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only --out: nothing written, one line
+            raise PrivdlError(
+                f"cannot write in {self.dir} ({exc.strerror or type(exc).__name__}); choose "
+                "another --out"
+            ) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -243,6 +271,18 @@ class RunRecords:
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def remove_orphans(self) -> list[Path]:
+        """Delete the temporary files a process killed mid-write left (``.checkpoint.pt.XXXX``:
+        with ``key_source = "os"`` one holds every key); call with the lock held (no writer is
+        using them then). Returns what was removed."""
+        removed = []
+        for name in _ATOMIC_FILES:
+            for p in self.dir.glob(f".{name}.*"):
+                if len(p.name) == len(name) + 10 and p.is_file():  # mkstemp's 8 characters
+                    p.unlink(missing_ok=True)
+                    removed.append(p)
+        return removed
 
     def start(self, config: dict[str, Any], *, overwrite: bool = False) -> None:
         """Create the directory for a fresh run; refuses to mix with an earlier run's records."""
@@ -300,7 +340,12 @@ class RunRecords:
         if not self.metrics_path.exists():
             return [], 0
         rows, bad = [], 0
-        text = self.metrics_path.read_bytes().decode("utf-8", errors="replace")
+        try:
+            text = self.metrics_path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise PrivdlError(
+                f"cannot read {self.metrics_path} ({exc.strerror or type(exc).__name__})"
+            ) from None
         for line in text.splitlines():
             if not line.strip():
                 continue
@@ -325,12 +370,10 @@ class RunRecords:
         nothing in a run directory can run code here, whoever wrote it."""
         if not self.checkpoint_path.exists():
             return None
-        ckpt = load_torch_safe(self.checkpoint_path, fix="delete it to restart the run from step 0")
+        fix = "the run cannot be resumed from it (move it away to restart from step 0)"
+        ckpt = load_torch_safe(self.checkpoint_path, fix=fix)
         if not isinstance(ckpt, dict) or "t" not in ckpt:
-            raise PrivdlError(
-                f"{self.checkpoint_path} is not a privdl checkpoint; delete it to restart the run "
-                "from step 0"
-            )
+            raise PrivdlError(f"{self.checkpoint_path} is not a privdl checkpoint; {fix}")
         return ckpt
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
@@ -346,6 +389,21 @@ class RunRecords:
         if not isinstance(summary, dict):
             raise PrivdlError(f"{self.summary_path} is corrupt (not a JSON object)")
         return dict(nonfinite_as_null(summary))
+
+
+def missing_steps(have: set[Any], *, eval_every: int, steps: int, upto: int) -> list[int]:
+    """The evaluation steps ``<= upto`` (step 0, every ``eval_every``-th, the last) whose
+    metrics row is not among ``have``: rows lost to a cut or torn ``metrics.jsonl``."""
+    grid = set(range(0, min(upto, steps) + 1, max(1, int(eval_every))))
+    if upto >= steps:
+        grid.add(steps)
+    return sorted(grid - set(have))
+
+
+def steps_text(steps: list[int], limit: int = 6) -> str:
+    """``125, 150, 175`` (the first ``limit`` and how many more)."""
+    shown = ", ".join(map(str, steps[:limit]))
+    return shown + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
 
 
 #: POSIX limits on a path (Linux's NAME_MAX and PATH_MAX, in bytes): checked before anything is
@@ -390,16 +448,32 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PrivdlError(f"{path} is corrupt ({exc.__class__.__name__}: {exc})") from None
+    except OSError as exc:
+        raise PrivdlError(f"cannot read {path} ({exc.strerror or type(exc).__name__})") from None
 
 
 #: What ``privdl run --seeds`` writes into its ``--out`` before the first seed starts.
 SEEDS_PLAN = "seeds.json"
 
 
-def write_seeds_plan(parent: Path, seeds: list[int], config: dict[str, Any]) -> None:
-    """Record a ``--seeds`` sweep (its seeds and the config before ``seed`` is set), so that
-    ``--resume`` also starts the seeds a cut-off sweep had not reached."""
-    write_record(parent / SEEDS_PLAN, {"seeds": list(seeds), "config": config})
+def write_seeds_plan(
+    parent: Path, seeds: list[int], config: dict[str, Any], given: list[str] | None = None
+) -> None:
+    """Record a ``--seeds`` sweep (its seeds and the config before ``seed`` is set, and the
+    keys the command line gave), so that ``--resume`` also starts the seeds a cut-off sweep had
+    not reached, and refuses seed runs of another configuration."""
+    plan: dict[str, Any] = {"seeds": list(seeds), "config": config}
+    if given is not None:
+        plan["given"] = sorted(given)
+    write_record(parent / SEEDS_PLAN, plan)
+
+
+def seeds_plan_given(parent: str | Path) -> list[str] | None:
+    """The config keys a sweep's command line gave (None: a plan written before they were
+    recorded)."""
+    plan = _read_json(Path(parent) / SEEDS_PLAN)
+    given = plan.get("given") if isinstance(plan, dict) else None
+    return [str(k) for k in given] if isinstance(given, list) else None
 
 
 def read_seeds_plan(parent: str | Path) -> tuple[list[int], dict[str, Any]] | None:

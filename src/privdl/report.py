@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from privdl.errors import ConfigError, PrivdlError
-from privdl.records import RecordsWarning, RunRecords, make_dir, seed_run_dirs
+from privdl.records import (
+    RecordsWarning,
+    RunRecords,
+    make_dir,
+    missing_steps,
+    seed_run_dirs,
+    steps_text,
+)
 from privdl.report_privacy import privacy_curves_figure
 
 #: Config keys that only pick random draws: runs differing only in these are repeats.
@@ -160,8 +167,26 @@ def load_runs(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
                 stacklevel=2,
             )
         rows.sort(key=lambda r: r["step"])
-        runs.append({"dir": str(d), "config": cfg, "rows": rows, "summary": summary})
+        gaps = _gaps(rows, cfg)
+        if gaps:
+            warnings.warn(
+                f"{rec.metrics_path} lacks the rows of step(s) {steps_text(gaps)} (lost to a "
+                "cut or torn file before a resume): the curves skip them",
+                RecordsWarning,
+                stacklevel=2,
+            )
+        runs.append({"dir": str(d), "config": cfg, "rows": rows, "summary": summary,
+                     "gaps": gaps})  # fmt: skip
     return runs
+
+
+def _gaps(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> list[int]:
+    """The evaluation steps up to a run's last row that have no row."""
+    every, steps = cfg.get("eval_every"), cfg.get("steps")
+    if not isinstance(every, int) or not isinstance(steps, int) or every < 1:
+        return []
+    last = rows[-1]["step"]
+    return missing_steps({r["step"] for r in rows}, eval_every=every, steps=steps, upto=last)
 
 
 def group_repeats(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -405,6 +430,10 @@ def write_report(
         write_csv(runs, out / CSV_FILE)
     plots = plot_runs(runs, out, group=group)
     body = ["# privdl report", "", markdown_table(runs, group=group), ""]
+    for r in runs:
+        if r.get("gaps"):
+            body += [f"**Gap**: {r['dir']} has no metrics rows at step(s) "
+                     f"{steps_text(r['gaps'])} (lost before a resume).", ""]  # fmt: skip
     for p in plots:
         body.append(f"![{p.stem}]({p.name})")
     groups = group_repeats(runs) if group else [[r] for r in runs]

@@ -134,7 +134,7 @@ def test_bad_resumes_and_outputs_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error:") and msg in err, (argv, err)
     assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / "s").exists()
-    for name, junk, msg in (("checkpoint.pt", b"garbage", "checkpoint.pt is corrupt"),
+    for name, junk, msg in (("checkpoint.pt", b"garbage", "checkpoint.pt is unreadable"),
                             ("config.json", b"{bad", "config.json is corrupt")):  # fmt: skip
         bad = tmp_path / f"bad-{name}"
         shutil.copytree(run, bad)

@@ -156,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
             err=True,
         )
         return 2
+    except OSError as exc:  # a path the system refuses (too long, read-only, unreadable)
+        if debug:
+            raise
+        name = str(exc.filename or "")
+        where = f"{name if len(name) <= 80 else name[:38] + '...' + name[-38:]}: " if name else ""
+        click.echo(
+            f"error: {where}{exc.strerror or type(exc).__name__} (--debug shows where)", err=True
+        )
+        return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130

@@ -24,9 +24,9 @@ from privdl.records import (
     SEEDS_PLAN,
     RunRecords,
     check_out_dir,
-    make_dir,
     read_seeds_plan,
     seed_run_dirs,
+    seeds_plan_given,
     write_seeds_plan,
 )
 from privdl.registry import algorithms, config_fields, make_config
@@ -203,9 +203,9 @@ def _run(
         parent = Path(resume_dir)
         plan = None if (parent / "config.json").is_file() else read_seeds_plan(parent)
         if plan is not None:  # every seed of the sweep: the cut-off ones and those not started
-            _run_seeds(
-                make_config(plan[1], saved=True), plan[0], parent, progress, resume_existing=True
-            )
+            with RunRecords(parent).exclusive():  # one process writes a sweep
+                _run_seeds(make_config(plan[1], saved=True), plan[0], parent, progress,
+                           resume_existing=True)  # fmt: skip
             return
         dirs = seed_run_dirs(resume_dir)
         if (parent / "config.json").is_file() or not dirs:
@@ -213,6 +213,7 @@ def _run(
             summary = loop.resume(resume_dir, progress=progress)
             _print_summary(summary, parent)
             return
+        refuse_mixed_sweep(dirs, None, None)
         for d in dirs:
             say_if_complete(d)
             loop.resume(d, progress=progress)
@@ -236,26 +237,26 @@ def _run(
     if "seed" in values:
         raise ConfigError("give --seed or --seeds, not both")
     check_out_dir(out_dir / f"seed-{max(seed_list)}")  # the longest path it will make
-    if (out_dir / SEEDS_PLAN).exists() and resume_if_exists:
-        plan = read_seeds_plan(out_dir)
-        assert plan is not None
-        loop.check_same_run(plan[1], given_values(cfg, values), out_dir)
-        if plan[0] != seed_list:
-            raise ConfigError(
-                f"{out_dir} holds a --seeds {','.join(map(str, plan[0]))} sweep, not --seeds "
-                f"{seeds}: give its seeds to resume it, or choose another --out"
-            )
-        _run_seeds(make_config(plan[1], saved=True), plan[0], out_dir, progress,
-                   resume_existing=True)  # fmt: skip
-        return
-    if (out_dir / SEEDS_PLAN).exists() and not overwrite:
+    if (out_dir / SEEDS_PLAN).exists() and not (overwrite or resume_if_exists):
         raise ConfigError(
             f"{out_dir} already holds a --seeds sweep; use --resume {out_dir} (or "
             "--resume-if-exists) to continue it, or choose another --out (or --overwrite)"
         )
-    make_dir(out_dir)
-    write_seeds_plan(out_dir, seed_list, cfg.model_dump())
-    _run_seeds(cfg, seed_list, out_dir, progress, overwrite=overwrite)
+    with RunRecords(out_dir).exclusive():  # before anything in out_dir is touched
+        if (out_dir / SEEDS_PLAN).exists() and resume_if_exists:
+            plan = read_seeds_plan(out_dir)
+            assert plan is not None
+            loop.check_same_run(plan[1], given_values(cfg, values), out_dir)
+            if plan[0] != seed_list:
+                raise ConfigError(
+                    f"{out_dir} holds a --seeds {','.join(map(str, plan[0]))} sweep, not --seeds "
+                    f"{seeds}: give its seeds to resume it, or choose another --out"
+                )
+            _run_seeds(make_config(plan[1], saved=True), plan[0], out_dir, progress,
+                       resume_existing=True)  # fmt: skip
+            return
+        write_seeds_plan(out_dir, seed_list, cfg.model_dump(), sorted(given_values(cfg, values)))
+        _run_seeds(cfg, seed_list, out_dir, progress, overwrite=overwrite)
 
 
 def say_if_complete(out_dir: Path) -> bool:
@@ -337,6 +338,11 @@ def _run_seeds(
 ) -> None:
     """Train ``cfg`` once per seed into ``out_dir/seed-K`` (resuming the runs that exist when
     ``resume_existing``), then the mean ± std table."""
+    if resume_existing:  # every seed run of one configuration, checked before any resumes
+        existing = [out_dir / f"seed-{s}" for s in seeds]
+        refuse_mixed_sweep(
+            [d for d in existing if (d / "config.json").is_file()], cfg, seeds_plan_given(out_dir)
+        )
     dirs = []
     for seed in seeds:
         d = out_dir / f"seed-{seed}"
@@ -346,6 +352,40 @@ def _run_seeds(
             loop.train(cfg.with_updates(seed=seed), d, progress=progress, overwrite=overwrite)
         dirs.append(d)
     _print_repeats(dirs, out_dir)
+
+
+#: What differs between the runs of one sweep (the seed keys of privdl.report).
+_SWEEP_VARIES = ("seed",)
+
+
+def refuse_mixed_sweep(
+    dirs: list[Path], plan: CommonConfig | None, given: list[str] | None
+) -> None:
+    """Refuse to resume the seed runs of a sweep that do not share one configuration (each
+    other's, and the sweep plan's on the keys its command line gave): resuming would mix them
+    in one mean ± std table. A run's own config is compared after validation (its calibrated
+    noise levels included)."""
+    configs = [(d, make_config(RunRecords(d).config(), saved=True).model_dump()) for d in dirs]
+    want = plan.model_dump() if plan is not None else None
+    for d, c in configs:
+        if want is not None and given is not None:
+            differ = [k for k in given if k not in _SWEEP_VARIES and c.get(k) != want.get(k)]
+            if differ:
+                k = differ[0]
+                raise ConfigError(
+                    f"{d} was run with {k}={c.get(k)!r} but the sweep in {d.parent} with "
+                    f"{k}={want.get(k)!r}: its seed runs mix configurations; resume refused "
+                    "(move the odd runs away, or start the sweep again with --overwrite)"
+                )
+        d0, c0 = configs[0]
+        differ = [k for k in c0 if k not in _SWEEP_VARIES and c.get(k) != c0.get(k)]
+        if differ:
+            k = differ[0]
+            raise ConfigError(
+                f"{d} was run with {k}={c.get(k)!r} but {d0} with {k}={c0.get(k)!r}: the seed "
+                f"runs in {d.parent} mix configurations; resume refused (move the odd runs "
+                "away, or start the sweep again with --overwrite)"
+            )
 
 
 def refuse_options_with_resume(

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from privdl.comm import wire
 from privdl.comm.base import Communicator
 from privdl.errors import ConfigError, PrivdlError
 from privdl.mechanisms.secrets import as_edge_array
@@ -124,18 +125,58 @@ def init_from_env(*, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) 
     return dist.get_rank(), dist.get_world_size()
 
 
+def _wire_device() -> torch.device:
+    """Where collective buffers live: the current CUDA device under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _as_tensor(data: bytes, device: torch.device) -> torch.Tensor:
+    return (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        if data
+        else (torch.empty(0, dtype=torch.uint8, device=device))
+    )
+
+
 def broadcast_object(obj: Any, *, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank of the initialised process group."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    """Rank ``src``'s ``obj`` (tensors and plain data) on every rank of the initialised process
+    group, sent as :func:`privdl.comm.wire.encode`'s bytes (no pickle on the wire: what a peer
+    sends is read as data, never run)."""
+    device = _wire_device()
+    mine = dist.get_rank() == src
+    payload = wire.encode(obj) if mine else b""
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src)
+    buf = (
+        _as_tensor(payload, device)
+        if mine
+        else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    )
+    dist.broadcast(buf, src=src)
+    return obj if mine else wire.decode(buf.cpu().numpy().tobytes())
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order."""
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    """Every rank's ``obj`` (tensors and plain data), in rank order; sent as
+    :func:`privdl.comm.wire.encode`'s bytes, as :func:`broadcast_object`."""
+    device = _wire_device()
+    payload = wire.encode(obj)
+    world = dist.get_world_size()
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    buf[: len(payload)] = _as_tensor(payload, device)
+    bufs = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf)
+    me = dist.get_rank()
+    return [
+        obj if r == me else wire.decode(b[: int(s.item())].cpu().numpy().tobytes())
+        for r, (b, s) in enumerate(zip(bufs, sizes, strict=True))
+    ]
 
 
 def backend_name() -> str:
@@ -420,7 +461,7 @@ class DistributedCommunicator(Communicator):
         return DistributedKeyTransport(self, edges, record_bytes=record_bytes)
 
     def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (``broadcast_object_list``)."""
+        """Rank 0's ``obj`` on every rank (plain data on the wire, :mod:`privdl.comm.wire`)."""
         try:
             return broadcast_object(obj)
         except Exception as exc:  # noqa: BLE001

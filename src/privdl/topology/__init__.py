@@ -2,6 +2,7 @@
 
 from privdl.errors import GraphError
 from privdl.topology.graphs import (
+    MAX_NODES,
     Topology,
     complete,
     erdos_renyi,
@@ -27,6 +28,11 @@ def parse_topology(spec: str) -> Topology | ExponentialGraph:
             n = int(parts[0])
         except (ValueError, IndexError):
             raise GraphError(f"bad graph spec {spec!r}: expected expo:N") from None
+        if n > MAX_NODES:
+            raise GraphError(
+                f"graph {spec[:60]!r} has {n} nodes; privdl builds graphs of at most "
+                f"{MAX_NODES} nodes"
+            )
         variant = parts[1] if len(parts) > 1 else "forward"
         if variant == "sgp" or variant == "forward":
             return ExponentialGraph(n, variant=variant)

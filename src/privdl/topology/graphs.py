@@ -20,11 +20,16 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
+from scipy.sparse import csgraph
 
 from privdl.errors import GraphError
 
 #: Above this many nodes, spectral quantities use sparse eigen-solvers instead of dense ones.
 DENSE_LIMIT = 2000
+#: The largest graph privdl builds: a graph is a networkx graph (about 1 kB a node and an edge)
+#: plus a node's state per node; larger ones are refused before anything is allocated.
+MAX_NODES = 1_000_000
+MAX_EDGES = 5_000_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +117,8 @@ class Topology:
             return 0.0
         if not self.is_connected:
             return 0.0
+        if self.n >= SPARSE_FACTS_LIMIT:
+            return laplacian_gap(self.laplacian)
         eig = laplacian_spectrum(self.laplacian, k=2)
         return float(max(eig[1], 0.0))
 
@@ -143,6 +150,68 @@ class Topology:
             "degree_max": int(deg.max()) if deg.size else 0,
             "degree_mean": float(deg.mean()) if deg.size else 0.0,
         }
+
+
+#: From this many nodes on, the spectral facts come from :func:`laplacian_gap` (Lanczos on
+#: the deflated operator, then shift-invert through the grounded Laplacian): no dense matrix and
+#: no slow convergence for graphs whose gap is tiny (a ring of 10^5 nodes: 4e-9).
+SPARSE_FACTS_LIMIT = 30_000
+
+
+def laplacian_gap(lap: sp.spmatrix) -> float:
+    """The smallest non-zero eigenvalue of the (weighted) Laplacian ``lap`` of a connected
+    graph (symmetric, rows summing to zero, non-positive off-diagonal): the algebraic
+    connectivity (Fiedler 1973). Lanczos (ARPACK) on ``c I - lap`` restricted to the
+    complement of the constant vector converges fast where the gap is large (expanders);
+    where it does not within a bounded number of steps, shift-invert with the grounded
+    Laplacian (``lap`` without node 0's row and column, positive definite for a connected
+    graph) as the inverse on that complement (sparse LU: fast on rings, paths and lattices)."""
+    n = lap.shape[0]
+    lap = sp.csr_matrix(lap, dtype=float)
+    ones = np.full(n, 1.0 / math.sqrt(n))
+
+    def deflate(x: np.ndarray) -> np.ndarray:
+        return x - ones * (ones @ x)
+
+    c = 2.0 * float(lap.diagonal().max())  # >= the largest eigenvalue (Gershgorin)
+    top = spla.LinearOperator(
+        (n, n), matvec=lambda x: deflate(c * x - lap @ deflate(x)), dtype=float
+    )
+    v0 = deflate(np.random.default_rng(0).standard_normal(n))
+    # a long graph (node 0's eccentricity far above log n: rings, paths, lattices) has a tiny
+    # gap (a(G) >= 4 / (n diam), Mohar 1991) and small separators: straight to the sparse LU
+    hops = csgraph.shortest_path(abs(lap), indices=0, unweighted=True, directed=False)
+    ecc = float(hops[np.isfinite(hops)].max())
+    if ecc <= 4 * math.log2(n):
+        try:
+            val = spla.eigsh(top, k=1, which="LA", v0=v0, maxiter=400, ncv=24, tol=1e-7,
+                             return_eigenvectors=False)  # fmt: skip
+            return float(max(c - val[0], 0.0))
+        except spla.ArpackNoConvergence:
+            pass
+    grounded = spla.splu(lap[1:, 1:].tocsc())
+
+    def inverse(x: np.ndarray) -> np.ndarray:  # lap^+ on the complement of the constants
+        y = np.zeros(n)
+        y[1:] = grounded.solve(deflate(x)[1:])
+        return deflate(y)
+
+    op = spla.LinearOperator((n, n), matvec=inverse, dtype=float)
+    val = spla.eigsh(op, k=1, which="LA", v0=v0, tol=1e-10, return_eigenvectors=False)
+    return float(1.0 / val[0])
+
+
+def laplacian_top(lap: sp.spmatrix) -> float:
+    """The largest eigenvalue of a symmetric matrix ``lap`` (Lanczos)."""
+    v0 = np.random.default_rng(0).standard_normal(lap.shape[0])
+    try:
+        val = spla.eigsh(sp.csr_matrix(lap, dtype=float), k=1, which="LA", v0=v0, maxiter=50,
+                         ncv=24, tol=1e-9, return_eigenvectors=False)  # fmt: skip
+    except spla.ArpackNoConvergence as exc:  # a cluster at the top: its Ritz value is accurate
+        if not len(exc.eigenvalues):
+            raise
+        val = exc.eigenvalues
+    return float(np.max(val))
 
 
 def laplacian_spectrum(lap: sp.spmatrix, *, k: int | None = None) -> np.ndarray:
@@ -329,6 +398,7 @@ def parse_graph(spec: str) -> Topology:
         "regular": lambda: random_regular(*_ints(kind, parts, 3, spec)),
     }
     if kind in builders and rest:
+        _check_size(kind, parts, spec)
         return builders[kind]()
     if kind == "expo":
         raise GraphError(
@@ -342,6 +412,36 @@ def parse_graph(spec: str) -> Topology:
         f"unknown graph spec {spec!r}; expected ring:N, path:N, star:N, complete:N, torus:RxC, "
         "grid:RxC, er:N:P:SEED, regular:N:D:SEED, expo:N or an edge-list file"
     )
+
+
+def _check_size(kind: str, parts: list[str], spec: str) -> None:
+    """Refuse a spec whose graph exceeds :data:`MAX_NODES` / :data:`MAX_EDGES` from its numbers
+    alone (before a node is built: ``ring:10000000`` would take gigabytes first)."""
+    try:
+        if kind in ("torus", "grid"):
+            r, c = _dims(parts, spec)
+            n, m = r * c, 2 * r * c
+        else:
+            n = int(parts[0])
+            if kind == "complete":
+                m = n * (n - 1) // 2
+            elif kind == "er":
+                m = int(n * (n - 1) / 2 * min(max(float(parts[1]), 0.0), 1.0))
+            elif kind == "regular":
+                m = n * int(parts[1]) // 2
+            else:
+                m = n
+    except (ValueError, IndexError, OverflowError):
+        return  # malformed: the builder says what is wrong
+    if n > MAX_NODES:
+        raise GraphError(
+            f"graph {spec[:60]!r} has {n} nodes; privdl builds graphs of at most {MAX_NODES} nodes"
+        )
+    if m > MAX_EDGES:
+        raise GraphError(
+            f"graph {spec[:60]!r} has about {m} edges; privdl builds graphs of at most "
+            f"{MAX_EDGES} edges"
+        )
 
 
 def _dims(parts: list[str], spec: str) -> tuple[int, int]:

@@ -25,9 +25,17 @@ from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse import csgraph
 
 from privdl.errors import GraphError
-from privdl.topology.graphs import DENSE_LIMIT, Topology, parse_graph
+from privdl.topology.graphs import (
+    DENSE_LIMIT,
+    SPARSE_FACTS_LIMIT,
+    Topology,
+    laplacian_gap,
+    laplacian_top,
+    parse_graph,
+)
 
 MIXING_RULES = (
     "decor", "metropolis", "max-degree", "average", "fdla", "best-constant", "push-sum",
@@ -74,6 +82,25 @@ class MixingMatrix:
         return bool((self.matrix.data >= -1e-15).all())
 
     @cached_property
+    def _extremes(self) -> tuple[float, float]:
+        """``(lambda_2, lambda_min)`` of a symmetric doubly stochastic ``W`` of a connected
+        graph, from the Laplacian ``I - W`` (sparse: :func:`laplacian_gap`, Gershgorin)."""
+        lap = (sp.identity(self.n, format="csr") - self.matrix).tocsr()
+        lam2 = 1.0 - laplacian_gap(lap)
+        bound = 1.0 - 2.0 * float(lap.diagonal().max())  # lambda_min >= this (Gershgorin)
+        if -bound <= lam2:  # |lambda_min| <= lambda_2 already: lambda_2 decides
+            return lam2, max(bound, -lam2)
+        return lam2, 1.0 - laplacian_top(lap)
+
+    def _sparse_facts(self) -> bool:
+        """Whether the facts come from :meth:`_extremes` (a large symmetric ``W`` whose graph
+        is connected: ``W``'s non-zeros, the diagonal aside, form one component)."""
+        if self.n < SPARSE_FACTS_LIMIT or not self.symmetric or not self.doubly_stochastic:
+            return False
+        off = self.matrix - sp.diags(self.matrix.diagonal())
+        return int(csgraph.connected_components(off, directed=False)[0]) == 1
+
+    @cached_property
     def consensus_rate(self) -> float | None:
         """``p`` with ``1 - p`` the second-largest eigenvalue of ``W W^T`` (DECOR Assumption 5).
 
@@ -90,6 +117,9 @@ class MixingMatrix:
         if self.n <= DENSE_LIMIT:
             vals = np.linalg.eigvalsh((m @ m.T).toarray())
             return float(1.0 - vals[-2])
+        if self._sparse_facts():  # W W^T = W^2: its second eigenvalue is max(l2^2, lmin^2)
+            lam2, lam_min = self._extremes
+            return float(1.0 - max(lam2**2, lam_min**2))
         import scipy.sparse.linalg as spla
 
         vals = spla.eigsh((m @ m.T).tocsc(), k=2, which="LA", return_eigenvectors=False)
@@ -106,6 +136,9 @@ class MixingMatrix:
             vals = np.linalg.eigvalsh(a) if self.symmetric else np.linalg.eigvals(a)
             mod = np.sort(np.abs(vals))
             return float(1.0 - mod[-2])
+        if self._sparse_facts():
+            lam2, lam_min = self._extremes
+            return float(1.0 - max(abs(lam2), abs(lam_min)))
         import scipy.sparse.linalg as spla
 
         if self.symmetric:
@@ -237,7 +270,11 @@ def heterogeneity_factor(mixing: MixingMatrix, topology: Topology) -> float:
     """``H_G(W) = sum_{edges {i,k}} ||W_i - W_k||^2 / (2|E|)`` (DECOR eq. 11), columns of ``W``."""
     if topology.num_edges == 0:
         return 0.0
-    w = mixing.dense()
     e = topology.edges
+    if mixing.n > DENSE_LIMIT:  # columns of the sparse W: never an n x n array
+        wc = mixing.matrix.tocsc()
+        d = (wc[:, e[:, 0]] - wc[:, e[:, 1]]).tocsc()
+        return float(d.multiply(d).sum() / (2 * e.shape[0]))
+    w = mixing.dense()
     diff = w[:, e[:, 0]] - w[:, e[:, 1]]
     return float((diff**2).sum() / (2 * e.shape[0]))
