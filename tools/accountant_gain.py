@@ -150,7 +150,7 @@ def main() -> int:
     args = p.parse_args()
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), _commit()  # the code the runs use
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = list(range(1, args.seeds + 1))
     rows = []
@@ -191,7 +191,7 @@ def main() -> int:
         "delta": ref["delta"],
         "graph": ref["graph"],
         "task": ref["task"],
-        "commit": _commit(),
+        "commit": commit,
         "platform": platform.platform(),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
