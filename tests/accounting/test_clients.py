@@ -28,6 +28,8 @@ from privdl.accounting.dpsgd import (
     epsilons_from_curves,
     poisson_rdp_curves,
 )
+from privdl.accounting.events import SubsampledGaussianEvent
+from privdl.accounting.rdp_pld import PLD_INTERVAL, PoissonStepCache, event_epsilon
 from privdl.errors import PrivacyError
 
 ADD = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -150,6 +152,74 @@ def test_pld_refused_falls_back_to_rdp_never_lower(monkeypatch):
     assert got["epsilon"] == pytest.approx(rdp_direct(q, 1.3, steps), rel=1e-9)
     z = _calibrate([2.0], kw, rounds)
     assert z[0] == _calibrate([2.0], kw, rounds, calibration="rdp")[0]
+
+
+def _counting_builds(monkeypatch) -> list[int]:
+    """Count dp-accounting's single-step Gaussian PLD builds (the real function still runs)."""
+    calls = [0]
+    real = pld.privacy_loss_distribution.from_gaussian_mechanism
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pld.privacy_loss_distribution, "from_gaussian_mechanism", counted)
+    return calls
+
+
+def test_rows_compose_the_kept_single_step_same_numbers(monkeypatch):
+    """A metrics row after more rounds self-composes each distinct client's kept single step
+    instead of building it again, and gets exactly the numbers (epsilon, label, notes) of the
+    uncached tightest accountant, which composes through dp-accounting's PLDAccountant."""
+    kw, rounds = _clients([300, 600, 300], [3, 6, 6], rounds=6)  # clients 0, 1: same q
+    z = np.array([3.0, 3.0, 4.0])  # two distinct (q, z)
+    acc = ClientAccountant(
+        noise_multipliers=z, rounds=rounds, delta=DELTA, targets=np.ones(3),
+        reported=np.ones(3), **kw,
+    )  # fmt: skip
+    rows = ([1, 1, 1], [2, 1, 0], [4, 3, 3])
+    builds = _counting_builds(monkeypatch)
+    got = []
+    for k, participated in enumerate(rows):
+        got.append(acc.budgets(participated))
+        assert builds[0] == 2, k  # built by the first row, never again
+    assert acc.steps_cache.built == {"pld": 2, "rdp": 2}
+    q = kw["batch_sizes"] / kw["num_samples"]
+    uncached: dict[tuple, tightest_mod.Accounted] = {}
+    for participated, budgets in zip(rows, got, strict=True):
+        for i, (b, r) in enumerate(zip(budgets, participated, strict=True)):
+            if r == 0:
+                assert b["accounted"] is None
+                continue
+            key = (q[i], z[i], int(r * kw["local_steps"][i]))
+            if key not in uncached:
+                uncached[key] = tightest_mod.tightest_epsilon(
+                    clients_mod._client_event(*key), delta=DELTA
+                )
+            ref = uncached[key]
+            assert b["accounted"]["epsilon"] == ref.epsilon
+            assert b["accounted"]["accountant"] == ref.accountant == "pld"
+            assert b["accounted"]["notes"].endswith(ref.notes)
+    assert len(uncached) == 6
+
+
+def test_step_cache_equals_dp_accounting_accountants():
+    """:class:`PoissonStepCache` composes a kept step to exactly the epsilon of
+    dp-accounting's accountants composing the T-step event afresh: PLD (both relations, two
+    discretisations) and RDP, for several T; one step built per mechanism and interval."""
+    cache = PoissonStepCache()
+    asked = [("add_remove", 3, 1e-3), ("add_remove", 40, 1e-3), ("add_remove", 40, PLD_INTERVAL),
+             ("replace_one", 5, 1e-3), ("replace_one", 30, 1e-3)]  # fmt: skip
+    for neighbouring, steps, interval in asked:
+        ev = SubsampledGaussianEvent(noise_multiplier=3.0, sampling_rate=0.02, steps=steps,
+                                     sampling="poisson", neighbouring=neighbouring)  # fmt: skip
+        kept = event_epsilon(ev, delta=1e-6, accountant="pld", pld_interval=interval,
+                             steps_cache=cache)  # fmt: skip
+        assert kept == event_epsilon(ev, delta=1e-6, accountant="pld", pld_interval=interval)
+        if neighbouring == "add_remove" and interval != PLD_INTERVAL:
+            kept = event_epsilon(ev, delta=1e-6, accountant="rdp", steps_cache=cache)
+            assert kept == rdp_direct(0.02, 3.0, steps, delta=1e-6)
+    assert cache.built == {"pld": 3, "rdp": 1}
 
 
 # ------------------------------------------------------------------------------ calibration

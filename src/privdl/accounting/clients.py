@@ -15,7 +15,10 @@ Accountants (the run's ``accountant``):
   guard; the notes say which and give the other beside it). Calibration inverts the same
   accountant (:func:`~privdl.accounting.tightest.calibrate_tightest`), once per distinct
   ``(q, T, eps, delta)``; accounting is cached per distinct ``(q, z, T, delta)``, so many clients
-  with a few distinct settings cost a few PLD compositions.
+  with a few distinct settings cost a few PLD compositions. A :class:`ClientAccountant` also
+  keeps each distinct client's single step (:class:`~privdl.accounting.rdp_pld.PoissonStepCache`),
+  so a metrics row after more rounds self-composes it instead of building it again (the same
+  numbers).
 * ``"rdp"``: dp-accounting's RDP accountant alone, vectorised over clients (privdl 0.1's numbers,
   and what saved runs without the ``accountant`` field resume with).
 """
@@ -36,6 +39,7 @@ from privdl.accounting.dpsgd import (
 )
 from privdl.accounting.events import SubsampledGaussianEvent
 from privdl.accounting.nominal import robust_hdp_noise_multipliers
+from privdl.accounting.rdp_pld import PoissonStepCache
 from privdl.accounting.tightest import TIGHTEST, Accounted, calibrate_tightest, tightest_epsilon
 from privdl.errors import PrivacyError
 
@@ -226,6 +230,9 @@ class ClientAccountant:
         self.calibration = calibration
         self.accountant = accountant
         self._curves: np.ndarray | None = None
+        #: each distinct client's single step (PLD and RDP), composed per row
+        self.steps_cache = PoissonStepCache()
+        self._spent: dict[tuple[float, float, int], Accounted] = {}
 
     def _rdp(self, spent_steps: np.ndarray) -> list[tuple[float, str, str]]:
         """privdl 0.1's accounting: (epsilon, label, notes) of every client by RDP."""
@@ -237,15 +244,22 @@ class ClientAccountant:
 
     def _tightest(self, spent_steps: np.ndarray) -> list[tuple[float, str, str]]:
         """(epsilon, label, notes) of every client by the tightest certified accountant: one
-        (cached) PLD and RDP per distinct ``(q_i, z_i, T_i)``."""
+        PLD and RDP composition per distinct ``(q_i, z_i, T_i)`` (kept), of the single step of
+        each distinct ``(q_i, z_i)`` (built once, :attr:`steps_cache`)."""
         out = []
         for i, steps in enumerate(spent_steps):  # cheap: the work is in the cached accountant
             if steps <= 0:
                 out.append((0.0, TIGHTEST, ""))
                 continue
-            got = _tightest_spent(
-                float(self.b[i] / self.m[i]), float(self.z[i]), int(steps), self.delta
-            )
+            key = (float(self.b[i] / self.m[i]), float(self.z[i]), int(steps))
+            if key not in self._spent and steps == self.rounds * self.local_steps[i]:
+                # all rounds: what calibration checked (module cache), no step needed
+                self._spent[key] = _tightest_spent(*key, self.delta)
+            if key not in self._spent:
+                self._spent[key] = tightest_epsilon(
+                    _client_event(*key), delta=self.delta, steps_cache=self.steps_cache
+                )
+            got = self._spent[key]
             out.append((got.epsilon, got.accountant, got.notes))
         return out
 

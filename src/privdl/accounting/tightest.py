@@ -32,6 +32,7 @@ from privdl.accounting.events import SubsampledGaussianEvent
 from privdl.accounting.rdp_pld import (
     PLD_INTERVAL,
     PLD_MIN_NOISE,
+    PoissonStepCache,
     calibrate_one_accountant,
     event_epsilon,
 )
@@ -94,8 +95,13 @@ def _pld_unavailable(event: SubsampledGaussianEvent) -> str | None:
     return None
 
 
-def tightest_epsilon(event: SubsampledGaussianEvent, *, delta: float) -> Accounted:
-    """The smallest certified epsilon of ``event`` at ``delta`` (see the module docstring)."""
+def tightest_epsilon(
+    event: SubsampledGaussianEvent, *, delta: float, steps_cache: PoissonStepCache | None = None
+) -> Accounted:
+    """The smallest certified epsilon of ``event`` at ``delta`` (see the module docstring).
+
+    ``steps_cache``: keeps the single step of Poisson-sampled events between calls (the same
+    numbers, without rebuilding it; :class:`~privdl.accounting.rdp_pld.PoissonStepCache`)."""
     if unsampled(event):
         eps = exact_gaussian_epsilon(event, delta=delta)
         return Accounted(
@@ -110,11 +116,15 @@ def tightest_epsilon(event: SubsampledGaussianEvent, *, delta: float) -> Account
     if event.sampling == "poisson" and event.neighbouring == "replace_one":
         left_out.append("dp-accounting has no RDP for Poisson sampling under replace-one")
     else:
-        candidates["rdp"] = event_epsilon(event, delta=delta, accountant="rdp")
+        candidates["rdp"] = event_epsilon(
+            event, delta=delta, accountant="rdp", steps_cache=steps_cache
+        )
     why = _pld_unavailable(event)
     if why is None:
         try:
-            candidates["pld"] = event_epsilon(event, delta=delta, accountant="pld")
+            candidates["pld"] = event_epsilon(
+                event, delta=delta, accountant="pld", steps_cache=steps_cache
+            )
         except (PrivacyError, MemoryError, OverflowError, ValueError) as exc:
             why = f"PLD failed ({type(exc).__name__}: {exc})"
     if why is not None:
