@@ -29,3 +29,19 @@ class PrivacyError(PrivdlError, ValueError):
 class ReportedError(PrivdlError):
     """An error another process has already printed (a distributed run's rank 0, or its ranks):
     the CLI exits with 2 and prints nothing more, so the user reads each error once."""
+
+
+def out_of_range() -> tuple[type[BaseException], ...]:
+    """Errors of finite but extreme values that passed validation (overflow, division by zero,
+    memory; numpy's LinAlgError only where numpy was imported): the CLI and ``privdl serve``
+    answer them with one line, not a traceback."""
+    import sys
+
+    errors: tuple[type[BaseException], ...] = (
+        OverflowError,
+        ZeroDivisionError,
+        FloatingPointError,
+        MemoryError,
+    )
+    np = sys.modules.get("numpy")
+    return (*errors, np.linalg.LinAlgError) if np is not None else errors

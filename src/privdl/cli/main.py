@@ -19,7 +19,7 @@ import click
 
 from privdl import __version__
 from privdl.cli.options import show_defaults
-from privdl.errors import PrivdlError, ReportedError
+from privdl.errors import PrivdlError, ReportedError, out_of_range
 from privdl.malloc import tune_allocator  # not privdl.engine's: that package imports torch
 
 #: name -> (module, attribute, short help) of the commands of the main group. The short help is
@@ -116,18 +116,6 @@ def _one_line_warning(message: Any, category: type[Warning], *args: Any, **kwarg
 _default_showwarning = warnings.showwarning
 
 
-def _out_of_range() -> tuple[type[BaseException], ...]:
-    """Errors of finite but extreme values (numpy's only where a command imported numpy)."""
-    errors: tuple[type[BaseException], ...] = (
-        OverflowError,
-        ZeroDivisionError,
-        FloatingPointError,
-        MemoryError,
-    )
-    np = sys.modules.get("numpy")
-    return (*errors, np.linalg.LinAlgError) if np is not None else errors
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
     tune_allocator()  # step-sized tensors are reused, not faulted in anew every step
@@ -146,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"error: {exc}", err=True)
         return 2
-    except _out_of_range() as exc:  # finite but extreme values that passed validation
+    except out_of_range() as exc:  # finite but extreme values that passed validation
         if debug:
             raise
         click.echo(

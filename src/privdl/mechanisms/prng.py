@@ -268,6 +268,21 @@ def stream_chunks(count: int, limit: int | None = None) -> list[tuple[int, int]]
     return [(s, min(step, count - s)) for s in range(0, count, step)]
 
 
+def _openssl_keystreams(keys: Sequence[bytes], nonce: bytes, n_bytes: int) -> bytearray:
+    """``n_bytes`` of ChaCha20 keystream per key (OpenSSL, one call per stream into its own
+    slice of one buffer, in threads for large draws); at least 8 bytes long."""
+    zeros = bytes(n_bytes)
+    buffer = bytearray(max(len(keys) * n_bytes, 8))
+    view = memoryview(buffer)
+
+    def fill(k: int) -> None:
+        encryptor = Cipher(algorithms.ChaCha20(keys[k], nonce), mode=None).encryptor()
+        encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
+
+    _in_threads(fill, len(keys), parallel=len(buffer) >= _PARALLEL_BYTES)
+    return buffer
+
+
 def _chacha20_normals(
     keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
 ) -> torch.Tensor:
@@ -282,15 +297,7 @@ def _chacha20_normals(
     if kernel is not None:
         words = _chacha20_words_cuda(checked, nonce, n_bytes // 8, device, kernel)
         return keystream_to_normals(words.view(torch.uint8), size)
-    zeros = bytes(n_bytes)
-    buffer = bytearray(max(len(keys) * n_bytes, 8))
-    view = memoryview(buffer)
-
-    def fill(k: int) -> None:  # one OpenSSL call per stream, into its own slice of the buffer
-        encryptor = Cipher(algorithms.ChaCha20(checked[k], nonce), mode=None).encryptor()
-        encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
-
-    _in_threads(fill, len(keys), parallel=len(buffer) >= _PARALLEL_BYTES)
+    buffer = _openssl_keystreams(checked, nonce, n_bytes)
     raw = torch.frombuffer(buffer, dtype=torch.uint8)[: len(keys) * n_bytes]
     raw = raw.reshape(len(keys), n_bytes).to(device)  # Box-Muller runs where the data goes
     return keystream_to_normals(raw, size)
@@ -437,15 +444,7 @@ def uniform_streams(
         raise PrivacyError(f"a stream holds at most 2^35 uniforms; asked for {size}")
     checked = [_check_key(key) for key in keys]
     nonce = _nonce(counter, substream)
-    zeros = bytes(n_bytes)
-    buffer = bytearray(max(len(checked) * n_bytes, 8))
-    view = memoryview(buffer)
-
-    def fill(k: int) -> None:  # one OpenSSL call per stream, into its own slice of the buffer
-        encryptor = Cipher(algorithms.ChaCha20(checked[k], nonce), mode=None).encryptor()
-        encryptor.update_into(zeros, view[k * n_bytes : (k + 1) * n_bytes])
-
-    _in_threads(fill, len(checked), parallel=len(buffer) >= _PARALLEL_BYTES)
+    buffer = _openssl_keystreams(checked, nonce, n_bytes)
     words = torch.frombuffer(buffer, dtype=torch.int64)[: len(checked) * size]
     top = words.reshape(len(checked), size).bitwise_right_shift(11).bitwise_and_((1 << 53) - 1)
     return top.to(torch.float64).mul_(2.0**-53).to(device)

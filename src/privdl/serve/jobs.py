@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -19,25 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from privdl.errors import PrivdlError
+from privdl.errors import PrivdlError, out_of_range
 from privdl.serve.compute import Cancelled
 
 #: Finished jobs kept for polling and download (the oldest are forgotten first).
 KEEP_JOBS = 64
 #: Jobs waiting at most; one more is refused with a message.
 MAX_QUEUED = 8
-
-
-def out_of_range() -> tuple[type[BaseException], ...]:
-    """Finite but extreme values that passed validation (the CLI's list, privdl.cli.main)."""
-    errors: tuple[type[BaseException], ...] = (
-        OverflowError,
-        ZeroDivisionError,
-        FloatingPointError,
-        MemoryError,
-    )
-    np = sys.modules.get("numpy")
-    return (*errors, np.linalg.LinAlgError) if np is not None else errors
 
 
 def user_message(exc: BaseException) -> str | None:
