@@ -100,6 +100,7 @@ def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, cap
     assert cal == single_cal
 
 
+@pytest.mark.slow  # 25 s; the launched run equals the single-process one in the default run
 def test_killed_federated_launch_resumes_on_other_process_counts(
     tmp_path, single, monkeypatch, capfd, run_ranks
 ):

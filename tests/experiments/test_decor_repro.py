@@ -226,7 +226,8 @@ def test_quick_fig1b(tmp_path) -> None:  # in the default run: its noise-free fl
     )
 
 
-def test_quick_fig1c(tmp_path, shared_datasets) -> None:  # default run: its task probe broke once
+@pytest.mark.slow  # 45 s; the accounted-pair test below builds the same MNIST task and run
+def test_quick_fig1c(tmp_path, shared_datasets) -> None:
     if not (shared_datasets / "mnist").is_dir():
         pytest.skip(f"MNIST not found under {shared_datasets}")
     s = get("decor-fig1c").run(tmp_path, quick=True, data_dir=str(shared_datasets))
