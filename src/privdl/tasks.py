@@ -157,6 +157,8 @@ class SupervisedTask:
     #: :class:`privdl.engine.cuda_graph.GraphedGradients`); no effect elsewhere
     cuda_graphs: bool = True
     kind: str = field(default="supervised", init=False)
+    #: one GraphedGradients per (clipping, denominator), made on first use on CUDA
+    _graphs: dict[tuple, GraphedGradients] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         user = self.user
@@ -248,10 +250,9 @@ class SupervisedTask:
                 self.model, params, xb, yb, loss=self.loss_name, clip=clip, mask=mask,
                 denominator=denominator,
             )  # fmt: skip
-        graphs = self.__dict__.setdefault("_graphs", {})
-        g = graphs.get((clip, denominator))
+        g = self._graphs.get((clip, denominator))
         if g is None:
-            g = graphs[(clip, denominator)] = GraphedGradients(
+            g = self._graphs[(clip, denominator)] = GraphedGradients(
                 self.model, loss=self.loss_name, clip=clip, denominator=denominator
             )
         return g(params, xb, yb, mask=mask)

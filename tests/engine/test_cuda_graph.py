@@ -109,7 +109,7 @@ def test_task_oracle_on_cuda_replays_graphs_with_the_eager_values(sampling) -> N
             st, _ = decor.step(st, task.oracle, comm)
         finals.append(st.params)
         if graphs:
-            (g,) = task._graphs.values()  # type: ignore[attr-defined]
+            (g,) = task._graphs.values()
             assert g.failure is None and g.replays >= 1, g.failure
     for k in finals[0]:
         assert torch.equal(finals[0][k], finals[1][k]), k
