@@ -26,6 +26,13 @@ def _check_outputs(out, summary, which):
     # replace-one accounting (the paper's Definition 4) certifies more than add/remove
     for row in summary["privacy"]:
         assert row["epsilon_accounted"] > row["epsilon_add_remove_poisson"]
+    # the report names the accountants the rows were accounted with (not a fixed text)
+    accounted = sorted(
+        {r["accounted_label"].split(") ", 1)[1].split(",")[0] for r in summary["privacy"]}
+    )
+    add_remove = sorted({r["add_remove_accountant"] for r in summary["privacy"]})
+    assert f"(accountant {', '.join(accounted)};" in report
+    assert f"accountant {', '.join(add_remove)}, privdl's default" in report
 
 
 def _check_privacy_rows(summary, pre):

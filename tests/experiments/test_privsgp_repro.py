@@ -29,6 +29,17 @@ def test_quick_mnist_reproductions(name, tmp_path, shared_datasets):
     summary = get(name).run(tmp_path, quick=True, data_dir=str(mnist))
     _check(tmp_path, summary)
     assert list(tmp_path.glob("*.png"))
+    if name in ("privsgp-mnist-ksweep", "privsgp-mnist-eps"):  # the accountant is named as run
+        res = summary["results"]
+        runs = (
+            res.values()
+            if name.endswith("ksweep")
+            else [r for e in res.values() for r in e["runs"].values()]
+        )
+        (accountant,) = {r["accounted"]["accountant"] for r in runs}
+        assert (
+            f"threat model ldp, accountant {accountant})." in (tmp_path / "report.md").read_text()
+        )
 
 
 def test_vr_reproduction_over_seeds_reports_means_and_paired_differences(tmp_path, shared_datasets):

@@ -344,3 +344,30 @@ def test_fedavg_runs_once_for_every_dist(tmp_path, monkeypatch) -> None:
     kw.pop("checkpoint"), kw.pop("key")
     again, shared = real(**kw), s["results"]["fedavg"]["Dist1"]
     assert again == {k: shared[k] for k in again}
+
+
+def test_resume_reaccounts_a_cell_made_before_the_default_accountant(tmp_path, monkeypatch) -> None:
+    """A kept private cell without a recorded accountant (made when RDP alone accounted it) is
+    re-accounted on --resume by today's default, without training, to exactly what a fresh run
+    records; a cell that has one is kept as is."""
+    from privdl.robust.trainer import FederatedDPSGD
+
+    rep = get("robust-hdp-cifar10")
+    opts = dict(quick=True, device="cpu", overrides={"methods": "weiavg", "rounds": "2"})
+    whole = rep.run(tmp_path, **opts)
+    cell_path = tmp_path / "cells" / "weiavg_Dist3_seed1.json"
+    fresh = json.loads(cell_path.read_text())
+    assert fresh["result"]["accountant"]  # recorded by a run made today
+
+    stale = json.loads(cell_path.read_text())
+    del stale["result"]["accountant"]
+    stale["result"]["max_accounted_over_target"] = 123.0  # what an older accountant said
+    cell_path.write_text(json.dumps(stale))
+
+    def no_training(self, state):
+        raise AssertionError("a kept cell must not train")
+
+    monkeypatch.setattr(FederatedDPSGD, "step", no_training)
+    again = rep.run(tmp_path, **opts, resume=True)
+    assert json.loads(cell_path.read_text()) == fresh
+    assert again["results"] == whole["results"]

@@ -288,6 +288,7 @@ def _privacy_rows(
                 "epsilon_accounted": cast(PrivacyBudget, plan.accounted).epsilon,  # always set
                 "accounted_label": cast(PrivacyBudget, plan.accounted).label(),
                 "epsilon_add_remove_poisson": plan.values["epsilon_add_remove_poisson"],
+                "add_remove_accountant": plan.comparisons["add_remove_poisson"].accountant,
                 "sigma_p_calibrated": None
                 if not calibrate
                 else porter_accounted_sigma(
@@ -533,6 +534,18 @@ def _plots(curves: dict[str, Any], out: Path, which: str) -> None:
         plt.close(fig)
 
 
+def _accountants(s: dict[str, Any], field: str) -> str:
+    """The accountants named in the privacy rows' ``field`` (a label or an accountant name;
+    rows made before the field existed were accounted by RDP)."""
+    names = {
+        (r[field].split(") ", 1)[1].split(",")[0] if field.endswith("label") else r[field])
+        if field in r
+        else "rdp"
+        for r in s["privacy"]
+    }
+    return ", ".join(sorted(names))
+
+
 def _report(which: str, s: dict[str, Any]) -> str:
     f = s["facts"]
     lines = [
@@ -549,11 +562,14 @@ def _report(which: str, s: dict[str, Any]) -> str:
         "",
         "The accounted epsilon is under the paper's own relation (Definition 4: replace-one, "
         "each agent's local dataset, threat model ldp, example level) and sampling (b = 1 "
-        "uniform of m): dp-accounting RDP of a sampled-without-replacement Gaussian with noise "
-        "multiplier sigma_p / (2 tau), the accountant `privdl run porter-dp` labels its runs "
-        "with. It is a valid upper bound, loose at small noise multipliers. The add/remove "
-        "column (sensitivity tau, Poisson q = 1/m; Appendix A's moments accountant) is shown "
-        "for comparison: it is not the paper's relation.",
+        "uniform of m): T steps of a sampled-without-replacement Gaussian with noise "
+        "multiplier sigma_p / (2 tau), capped by T unsampled steps, the accounting `privdl run "
+        f"porter-dp` labels its runs with (accountant {_accountants(s, 'accounted_label')}; "
+        "dp-accounting's PLD does not take sampling without replacement under replace-one). It "
+        "is a valid upper bound, loose at small noise multipliers. The add/remove column "
+        "(sensitivity tau, Poisson q = 1/m, as Appendix A's moments accountant assumes; "
+        f"accountant {_accountants(s, 'add_remove_accountant')}, privdl's default for Poisson "
+        "sampling) is shown for comparison: it is not the paper's relation.",
         "",
         "| nominal eps | delta | T | sigma_p (Thm 1) | phi_m | accounted eps of that sigma_p "
         "(RDP, replace-one, b = 1 of m) | add/remove eps (Poisson q=1/m) | sigma_p the "

@@ -411,8 +411,22 @@ def _budget_run(
     gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
     res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
-    z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
+    return {
+        "K": k,
+        "sigma": sigma,
+        "gamma": gamma,
+        "final": res["final"],
+        **_budget_accounting(k, sigma, eps, top=top, cfg=cfg, j_b=j_b),
+    }
 
+
+def _budget_accounting(
+    k: int, sigma: float, eps: float, *, top: dict, cfg: dict, j_b: int
+) -> dict[str, Any]:
+    """The privacy columns of one :func:`_budget_run` (no training): what the run's sigma
+    certifies (the default figure of ``privdl run privsgp-vr``: K Gaussian steps, exact
+    composition), the paper-style Poisson approximation and the certified sigma for ``eps``."""
+    z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
     spent = privsgp_vr_budget(
         sigma=sigma,
         clip=cfg["clip"],
@@ -421,12 +435,7 @@ def _budget_run(
         delta=top["delta"],
         block_size=cfg["block_size"],
     )
-
     return {
-        "K": k,
-        "sigma": sigma,
-        "gamma": gamma,
-        "final": res["final"],
         # what the run's (nominal) sigma certifies: the default figure of `privdl run`
         "accounted": spent.to_dict() | {"label": spent.label()},
         "sigma_poisson_approximation": 3.0 * cfg["clip"] * z,
@@ -441,6 +450,11 @@ def _budget_run(
     }
 
 
+def _entries_per_block(cfg: dict) -> int:
+    """J_b: the blocks of ``block_size`` in a node's J = n_train // n samples (:func:`_setup`)."""
+    return (cfg["n_train"] // cfg["n"]) // cfg["block_size"]
+
+
 #: What the sigma columns of the K and eps sweeps are (per node, example level, threat model
 #: ldp, replace-one; the runs themselves use the nominal sigma, so their budgets are nominal).
 _BUDGET_NOTE = (
@@ -449,12 +463,25 @@ _BUDGET_NOTE = (
     "(RDP at sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; docs/privsgp-vr.md), "
     "which no theorem certifies: the SAGA mean touches every sample. The certified column is "
     "the noise "
-    "`privdl run privsgp-vr` calibrates to for the same budget (RDP of K Gaussian steps, no "
-    "subsampling amplification, replace-one sensitivity (4 - 2/J_b) G / B, classic "
-    "conversion). The nominal noise is far below both. The accounted column is the epsilon "
+    "`privdl run privsgp-vr` calibrates to for the same budget (K Gaussian steps, no "
+    "subsampling amplification, replace-one sensitivity (4 - 2/J_b) G / B, {conversion}). "
+    "The nominal noise is far below both. The accounted column is the epsilon "
     "that analysis certifies for the noise the run actually used (delta as above, replace-one, "
-    "example level, threat model ldp, accountant gaussian-rdp+classic)."
+    "example level, threat model ldp, accountant {accountant})."
 )
+
+
+def _budget_note(runs: list[dict[str, Any]], *, eps: str, delta: str) -> str:
+    """:data:`_BUDGET_NOTE` naming the accountant the ``runs`` were accounted with."""
+    names = sorted({r["accounted"]["accountant"] for r in runs if "accounted" in r}) or ["none"]
+    conversion = (
+        "composed exactly as one Gaussian mechanism (mu-GDP)"
+        if names == ["gaussian"]
+        else "RDP with the classic conversion"
+    )
+    return _BUDGET_NOTE.format(
+        eps=eps, delta=delta, conversion=conversion, accountant=", ".join(names)
+    )
 
 
 def _nominal_budget(epsilon: float, delta: float) -> dict[str, Any]:
@@ -495,13 +522,21 @@ def run_ksweep(
     n, k_star = cfg["n"], cfg["k_star"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
-    j_b = x.shape[1] // cfg["block_size"]
+    j_b = _entries_per_block(cfg)  # = x.shape[1] // block_size
     results = {}
     data = (model, x, y, train, test, comm)
     for r in top["k_ratios"]:
         k = max(2, round(r * k_star))
         sigma = math.sqrt(cfg["sigma2_at_kstar"] * k / k_star)
         results[str(k)] = _budget_run(k, sigma, top["epsilon"], data, top=top, cfg=cfg, j_b=j_b)
+    return _ksweep_outputs(out_dir, results, top, cfg, quick=quick, t0=t0)
+
+
+def _ksweep_outputs(
+    out_dir: Path, results: dict, top: dict, cfg: dict, *, quick: bool, t0: float
+) -> dict[str, Any]:
+    """report.md, summary.json and the plot of the K sweep (Fig. 7)."""
+    n, k_star = cfg["n"], cfg["k_star"]
     ks = list(results)
     accs = [results[k]["final"]["accuracy"] for k in ks]
     best = ks[max(range(len(ks)), key=accs.__getitem__)]
@@ -539,7 +574,9 @@ def run_ksweep(
         _table(["K", *_BUDGET_HEADER], rows),
         "",
         f"Ours: n = {n}, budget ({top['epsilon']:g}, {top['delta']:g}) per node. "
-        + _BUDGET_NOTE.format(eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"),
+        + _budget_note(
+            list(results.values()), eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"
+        ),
         "",
         "![ksweep](ksweep_accuracy.png)",
     ]
@@ -578,7 +615,7 @@ def run_eps(
     n, k1 = cfg["n"], cfg["k_star_at_eps1"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
     comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
-    j_b = x.shape[1] // cfg["block_size"]
+    j_b = _entries_per_block(cfg)  # = x.shape[1] // block_size
     data = (model, x, y, train, test, comm)
     results: dict[str, dict] = {}
     out: dict[str, Any] = {}
@@ -665,7 +702,11 @@ def _eps_outputs(
         "(our reading of the figure; the paper does not state it, so it is not a "
         "check).",
         "",
-        _BUDGET_NOTE.format(eps="eps", delta=f"{top['delta']:g}"),
+        _budget_note(
+            [run for e in eps for run in results[e]["runs"].values()],
+            eps="eps",
+            delta=f"{top['delta']:g}",
+        ),
         "",
         "![eps](eps_accuracy.png)",
     ]

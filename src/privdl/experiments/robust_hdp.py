@@ -238,12 +238,100 @@ class CellStore:
     def run(self, name: str, key: dict[str, Any], **train: Any) -> dict[str, Any]:
         """The cell's result: from an earlier run, or trained now (resuming its checkpoint)."""
         done = self.load(name, key)
-        if done is not None:
+        if done is not None and _accounted_before_default(done):
+            # made before privdl recorded the certifying accountant (then RDP alone): the noise
+            # the run used is unchanged, so its privacy is re-accounted by today's default
+            done = {**done, **account_cell(**train)}
+            self.save(name, key, done)
+            _progress(f"  {name}: kept from the earlier run, re-accounted by the default")
+        elif done is not None:
             _progress(f"  {name}: kept from the earlier run")
+        if done is not None:
             return done
         result = train_and_evaluate(**train, checkpoint=self.checkpoint(name), key=key)
         self.save(name, key, result)
         return result
+
+
+def _accounted_before_default(result: dict[str, Any]) -> bool:
+    """A private cell made before its accountant was recorded (accounted by RDP alone)."""
+    return result.get("max_accounted_over_target") is not None and "accountant" not in result
+
+
+def _federated(
+    *,
+    model_name: str,
+    ds,
+    train: StackedData,
+    method: str,
+    eps: list[float] | None,
+    reported: list[float] | None,
+    batch_sizes: list[int],
+    lr: float,
+    rounds: int,
+    rpca: dict[str, Any],
+) -> tuple[Any, FederatedDPSGD]:
+    """The model and the federated run of one cell (nothing trained yet)."""
+    model = build_model(model_name, in_shape=ds.input_shape, n_classes=ds.n_classes)
+    private = method != "fedavg"
+    cfg = FederatedConfig(
+        batch_sizes=tuple(batch_sizes),
+        lr=lr,
+        rounds=rounds,
+        epsilons=tuple(cast("list[float]", eps)) if private else None,  # given to private methods
+        reported_epsilons=tuple(reported) if private and reported else None,
+        calibration="reference",  # the paper's setting: its eps_i are nominal (report says so)
+    )
+    opts = {"reestimate_every": None, **rpca} if method == "robust-hdp" else {}
+    return model, FederatedDPSGD(
+        model, train, config=cfg, aggregator=build_aggregator(method, **opts)
+    )
+
+
+def _privacy_fields(fl: FederatedDPSGD, participated: Any) -> dict[str, Any]:
+    """The largest accounted-over-target ratio of the clients and the certifying accountant."""
+    budgets = fl.client_budgets(participated)
+    return {
+        "max_accounted_over_target": max(
+            b["accounted"]["epsilon"] / b["nominal"]["epsilon"] for b in budgets
+        ),
+        # the certifying accountant (the default, tightest: pld, or rdp where it is smaller)
+        "accountant": sorted({b["accounted"]["accountant"] for b in budgets}),
+    }
+
+
+def account_cell(
+    *,
+    model_name: str,
+    ds,
+    train: StackedData,
+    method: str,
+    eps: list[float] | None,
+    reported: list[float] | None,
+    batch_sizes: list[int],
+    lr: float,
+    rounds: int,
+    rpca: dict[str, Any],
+    **_: Any,
+) -> dict[str, Any]:
+    """The privacy fields of a finished private cell, by the default accountant, without
+    training: every client takes part in every round (the tables' setting, no client sampling),
+    so its participation is ``rounds`` and its noise multiplier is the one the cell used."""
+    _, fl = _federated(
+        model_name=model_name,
+        ds=ds,
+        train=train,
+        method=method,
+        eps=eps,
+        reported=reported,
+        batch_sizes=batch_sizes,
+        lr=lr,
+        rounds=rounds,
+        rpca=rpca,
+    )
+    if fl.config.clients_per_round not in (None, fl.n):
+        raise ConfigError("re-accounting a cell needs full participation")
+    return _privacy_fields(fl, torch.full((fl.n,), rounds, dtype=torch.int64))
 
 
 def train_and_evaluate(
@@ -274,19 +362,20 @@ def train_and_evaluate(
     run that finds one made with the same ``key`` continues from it; the result is the same,
     bit for bit, as an uninterrupted run's (tested)."""
     dev = torch.device(device)
-    model = build_model(model_name, in_shape=ds.input_shape, n_classes=ds.n_classes)
     private = method != "fedavg"
-    cfg = FederatedConfig(
-        batch_sizes=tuple(batch_sizes),
+    train, test = _on_device(train, dev), _on_device(test, dev)
+    model, fl = _federated(
+        model_name=model_name,
+        ds=ds,
+        train=train,
+        method=method,
+        eps=eps,
+        reported=reported,
+        batch_sizes=batch_sizes,
         lr=lr,
         rounds=rounds,
-        epsilons=tuple(cast("list[float]", eps)) if private else None,  # given to private methods
-        reported_epsilons=tuple(reported) if private and reported else None,
-        calibration="reference",  # the paper's setting: its eps_i are nominal (report says so)
+        rpca=rpca,
     )
-    opts = {"reestimate_every": None, **rpca} if method == "robust-hdp" else {}
-    train, test = _on_device(train, dev), _on_device(test, dev)
-    fl = FederatedDPSGD(model, train, config=cfg, aggregator=build_aggregator(method, **opts))
     params = model.init(
         n_nodes=1, generator=torch.Generator().manual_seed(seed), dtype=torch.float32, device=dev
     )
@@ -330,13 +419,7 @@ def train_and_evaluate(
     if method == "robust-hdp":  # RPCA solves that stopped at max_iter (their warning is silenced)
         out["rpca_not_converged"] = cast(RobustHDP, fl.aggregator).rpca_not_converged
     if private:
-        budgets = fl.client_budgets(state.participated)
-        out["max_accounted_over_target"] = max(
-            b["accounted"]["epsilon"] / b["nominal"]["epsilon"] for b in budgets
-        )
-        # the certifying accountant (the default, tightest: pld, or rdp where it is smaller);
-        # cells made before it was recorded were accounted by RDP alone
-        out["accountant"] = sorted({b["accounted"]["accountant"] for b in budgets})
+        out.update(_privacy_fields(fl, state.participated))
     return out
 
 
