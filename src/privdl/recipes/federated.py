@@ -183,6 +183,7 @@ class FederatedRecipe(Recipe):
 
     config_model: ClassVar[type[CommonConfig]] = FederatedRunConfig
     family: ClassVar[str] = "the federated algorithms"
+    party: ClassVar[str] = "client"
     shared_sampling: ClassVar[bool] = True
     replicated: ClassVar[bool] = True
 
