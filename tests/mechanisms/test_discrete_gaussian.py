@@ -21,6 +21,7 @@ from privdl.mechanisms.discrete_gaussian import (
     GRID_BITS,
     discrete_gaussian_streams,
     grid_for,
+    secure_edge_noise,
     secure_noise,
     snap,
     snap_clip,
@@ -88,33 +89,74 @@ def test_snapped_gradient_plus_noise_is_exact_and_within_the_clip():
         snap_clip(1e-9, grid, d)
 
 
+def test_secure_edge_noise_cancels_exactly_and_shards():
+    """DECOR's correlated noise on the grid: the rows cancel to exactly 0 over the graph (integer
+    sums), each node's row has variance deg * sigma_cor^2 (its edges' discrete Gaussians), and
+    the rows a rank computes for its nodes equal those of the full computation."""
+    from privdl.topology import parse_graph
+
+    edges = np.asarray(parse_graph("ring:5").edges)
+    keys = [bytes([7, e]) * 16 for e in range(len(edges))]
+    sigma_cor, grid = 0.8, grid_for(0.3)
+    full = secure_edge_noise(keys, edges, 5, 2, 20_000, sigma_cor=sigma_cor, grid=grid)
+    assert full.dtype == torch.float64 and torch.equal(full / grid, torch.round(full / grid))
+    assert torch.equal(full.sum(dim=0), torch.zeros(20_000, dtype=torch.float64))
+    var = full.var(dim=1) / (2 * sigma_cor**2)  # ring: degree 2
+    np.testing.assert_allclose(var.numpy(), 1.0, atol=0.04)
+    part = secure_edge_noise(
+        [k if {3, 1} & set(e) else None for k, e in zip(keys, edges.tolist(), strict=True)],
+        edges, 5, 2, 20_000, sigma_cor=sigma_cor, grid=grid, nodes=[3, 1],
+    )  # fmt: skip
+    assert torch.equal(part, full[[3, 1]])
+
+
 def test_secure_mode_end_to_end_and_its_refusals(tmp_path, capsys):
-    """``privdl run ldp --noise-mode secure --accountant rdp``: the epsilon of the float mode
-    (same RDP accounting), labelled; the other combinations are one line, exit 2, no run."""
+    """``privdl run ldp|cdp|dpsgd|decor --noise-mode secure``: certified by RDP (the default
+    accountant is replaced by rdp, recorded), ldp/cdp/dpsgd with the float mode's RDP epsilon
+    (the discrete Gaussian's zCDP; cdp's sum of discrete Gaussians adds a term below 2^-1000),
+    DECOR with the epsilon of ldp at its sigma (its correlated noise is not credited), labelled;
+    the other combinations are one line, exit 2, no run."""
     import json
 
     from privdl.cli.main import main
 
-    run = ["run", "ldp", "--task", "least-squares", "--graph", "ring:4", "--steps", "4",
-           "--eval-every", "4", "--sigma", "0.5", "--clip", "1", "--clip-mode", "batch_mean",
-           "--accountant", "rdp", "--no-progress"]  # fmt: skip
-    assert main([*run, "--out", str(tmp_path / "float")]) == 0
-    assert main([*run, "--noise-mode", "secure", "--out", str(tmp_path / "secure")]) == 0
-    rows = [
-        json.loads((tmp_path / r / "metrics.jsonl").read_text().splitlines()[-1])["privacy"]
-        for r in ("float", "secure")
-    ]
-    assert rows[1]["epsilon"] == rows[0]["epsilon"] and rows[1]["accountant"] == "secrdp+classic"
-    assert "secure noise: discrete Gaussian on the grid" in rows[1]["notes"]
-    assert rows[1]["mu"] is None
-    summary = json.loads((tmp_path / "secure" / "summary.json").read_text())
-    assert summary["config"]["noise_mode"] == "secure"
+    common = ["--task", "least-squares", "--graph", "ring:4", "--steps", "4", "--eval-every",
+              "4", "--clip", "1", "--clip-mode", "batch_mean", "--no-progress"]  # fmt: skip
+    run = ["run", "ldp", *common, "--sigma", "0.5"]
+
+    def privacy(name: str, argv: list[str]) -> dict:
+        assert main([*argv, "--out", str(tmp_path / name)]) == 0
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return json.loads(rows[-1])["privacy"]
+
+    for alg in ("ldp", "cdp", "dpsgd"):
+        argv = ["run", alg, *common, "--sigma", "0.5"]
+        plain = privacy(f"{alg}-float", [*argv, "--accountant", "rdp"])
+        secure = privacy(f"{alg}-secure", [*argv, "--noise-mode", "secure"])
+        assert secure["epsilon"] == plain["epsilon"] and secure["accountant"] == "secrdp+classic"
+        assert secure["threat_model"] == plain["threat_model"]
+        assert "secure noise: discrete Gaussian on the grid" in secure["notes"]
+        assert secure["mu"] is None
+        assert ("Kairouz, Liu & Steinke 2021" in secure["notes"]) == (alg != "ldp")
+    summary = json.loads((tmp_path / "ldp-secure" / "summary.json").read_text())
+    assert summary["config"]["noise_mode"] == "secure" and summary["config"]["accountant"] == "rdp"
+    decor = privacy("decor", ["run", "decor", *common, "--sigma", "0.5", "--sigma-cor", "2",
+                              "--noise-mode", "secure"])  # fmt: skip
+    rows = (tmp_path / "ldp-float" / "metrics.jsonl").read_text().splitlines()
+    ldp = json.loads(rows[-1])["privacy"]  # the float ldp run above, same sigma
+    assert decor["epsilon"] == ldp["epsilon"] and decor["threat_model"] == "ldp"
+    assert "correlated noise is a signed sum of discrete Gaussians, not credited" in decor["notes"]
     capsys.readouterr()
-    secure_decor = ["run", "decor", *run[2:], "--noise-mode", "secure"]
+    secure = ["--noise-mode", "secure"]
     for argv, why in (
-        ([*run, "--noise-mode", "secure", "--accountant", "tightest"], "add --accountant rdp"),
-        (secure_decor, "noise_mode secure is implemented for ldp"),
-    ):
+        ([*run, *secure, "--accountant", "tightest"], "certified by RDP only"),
+        (["run", "porter-dp", *common[:-3], "--sigma", "0.5", *secure], "not porter-dp"),
+        (["run", "decor", *common, "--epsilon", "5", *secure], "give sigma and sigma_cor"),
+        (["run", "dpsgd", "--task", "a9a", "--steps", "2", "--sigma", "1", "--clip", "1", *secure],
+         "accounted at user level"),
+        (["run", "robust-hdp", "--task", "a9a", "--clients", "4", "--budgets", "1,2,4,8",
+          "--clip", "1", "--steps", "2", *secure], "no secure mode for the clients"),
+    ):  # fmt: skip
         assert main([*argv, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err, err

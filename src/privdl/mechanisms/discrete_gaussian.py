@@ -40,12 +40,15 @@ from collections.abc import Sequence
 import torch
 
 from privdl.errors import PrivacyError
+from privdl.mechanisms._edges import incident_edges
 from privdl.mechanisms.prng import uniform_streams
+from privdl.mechanisms.secrets import as_edge_array
 
 __all__ = [
     "GRID_BITS",
     "discrete_gaussian_streams",
     "grid_for",
+    "secure_edge_noise",
     "secure_noise",
     "snap",
     "snap_clip",
@@ -145,3 +148,32 @@ def secure_noise(
     grid = grid_for(sigma)
     k = discrete_gaussian_streams(keys, counter, size, scale=sigma / grid, device=device)
     return k.to(torch.float64) * grid
+
+
+def secure_edge_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: object,
+    n_nodes: int,
+    counter: int,
+    size: int,
+    *,
+    sigma_cor: float,
+    grid: float,
+    nodes: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """DECOR's correlated noise on the grid: rows ``sum_{j in N_i} +-gamma K_ij`` (DECOR Alg 1
+    line 3, eq. 3, with ``K_e ~ N_Z(0, (sigma_cor / gamma)^2)`` drawn from edge e's secret by
+    :func:`discrete_gaussian_streams` at ``counter``; ``+`` at an edge's lower endpoint, ``-``
+    at its upper one), summed as integers, so the rows cancel exactly over the graph. Rows as
+    :func:`privdl.mechanisms.correlated.correlated_noise` (all nodes, or ``nodes``), float64."""
+    array = as_edge_array(edges, n_nodes)
+    rows, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
+    out = torch.zeros((len(rows), size), dtype=torch.int64)
+    if keys and size:
+        k = discrete_gaussian_streams(keys, counter, size, scale=sigma_cor / grid)
+        lo, up = torch.from_numpy(lower), torch.from_numpy(upper)
+        at_lo, at_up = lo >= 0, up >= 0
+        out.index_add_(0, lo[at_lo], k[at_lo])
+        out.index_add_(0, up[at_up], -k[at_up])
+    return (out.to(torch.float64) * grid).to(device)
