@@ -81,12 +81,12 @@ class Decor:
     optimizer: Any = None
     #: "secure": the independent and the edges' noise are discrete Gaussians on a grid and the
     #: clipped gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`)
-    noise_mode: Literal["float", "secure"] = "float"
+    noise_mode: Literal["float", "secure", "secure-exact"] = "float"
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
             raise ConfigError("sigma_cdp and sigma_cor must be >= 0")
-        if self.noise_mode == "secure" and (self.sigma_cdp <= 0 or self.clip.threshold is None):
+        if self.noise_mode != "float" and (self.sigma_cdp <= 0 or self.clip.threshold is None):
             raise ConfigError(
                 "the secure noise mode adds independent noise (sigma_cdp > 0) to clipped gradients"
             )
@@ -122,14 +122,15 @@ class Decor:
         multiple of the power-of-two grid), then cast (post-processing)."""
         grid = grid_for(self.sigma_cdp)
         flat = flatten(grads)
+        exact = self.noise_mode == "secure-exact"
         noise = secure_noise(
-            list(state.noise_keys), t, size, sigma=self.sigma_cdp, device=flat.device
+            list(state.noise_keys), t, size, sigma=self.sigma_cdp, device=flat.device, exact=exact
         )
         if self.sigma_cor > 0:
             noise = noise + secure_edge_noise(
                 state.edge_keys, self.edges, self.n_nodes, t, size, sigma_cor=self.sigma_cor,
                 grid=grid, nodes=None if len(owned) == self.n_nodes else owned,
-                device=flat.device,
+                device=flat.device, exact=exact,
             )  # fmt: skip
         return unflatten((snap(flat, grid) + noise).to(flat.dtype), grads)
 
@@ -157,7 +158,7 @@ class Decor:
                 prefetch=True,  # used out of place below
             )
 
-        if self.noise_mode == "secure":  # lines 2-3 on the grid (docs/security.md s.4)
+        if self.noise_mode != "float":  # lines 2-3 on the grid (docs/security.md s.4)
             res = oracle(state.params, t, clip=self._inner_clip(size))
             grads = self._secure_gradients(res.grads, state, t, size, owned)
             flat = None

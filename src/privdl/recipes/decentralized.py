@@ -59,11 +59,12 @@ class DecentralizedConfig(CommonConfig):
     )
 
     # docs/security.md s.4: lattice-valued noise against floating-point attacks
-    noise_mode: Literal["float", "secure"] = Field(
+    noise_mode: Literal["float", "secure", "secure-exact"] = Field(
         default="float",
         description="float (default: keyed float32 Gaussian streams) or secure (ldp, decor, cdp, "
         "dpsgd: discrete Gaussians on a power-of-two grid and the clipped gradient snapped to "
-        "it, accounted by RDP at user level; docs/security.md).",
+        "it, accounted by RDP at user level; docs/security.md) or secure-exact (the same with "
+        "CKS 2020's exact integer sampler, slower).",
     )
 
     @field_validator("sigma")
@@ -90,16 +91,16 @@ class DecentralizedRecipe(Recipe):
         return "metropolis"
 
     def resolve(self, cfg: Any, given: Mapping[str, Any]) -> Any:
-        if cfg.noise_mode == "secure":
+        if cfg.noise_mode != "float":
             if cfg.algorithm not in SECURE_ALGORITHMS:
                 raise ConfigError(
-                    f"noise_mode secure is implemented for {', '.join(SECURE_ALGORITHMS)} "
+                    f"noise_mode {cfg.noise_mode} is implemented for {', '.join(SECURE_ALGORITHMS)} "
                     f"(Gaussian noise on clipped gradients, user level), not {cfg.algorithm}"
                 )
             if cfg.accountant != "rdp":
                 if "accountant" in given:
                     raise ConfigError(
-                        f"noise_mode secure is certified by RDP only (the discrete Gaussian's "
+                        f"noise_mode {cfg.noise_mode} is certified by RDP only (the discrete Gaussian's "
                         f"zCDP bound; the {cfg.accountant} accountant's exact Gaussian curve is "
                         "the continuous Gaussian's): use --accountant rdp, the secure mode's "
                         "default"

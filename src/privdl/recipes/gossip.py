@@ -145,9 +145,9 @@ class GossipRecipe(DecentralizedRecipe):
             raise ConfigError("give either a target epsilon or an explicit sigma_cor, not both")
         if cfg.epsilon is None or self.noise is None:
             return cfg
-        if cfg.noise_mode == "secure" and self.noise == "correlated":
+        if cfg.noise_mode != "float" and self.noise == "correlated":
             raise ConfigError(
-                "noise_mode secure accounts DECOR by its independent noise alone (the "
+                f"noise_mode {cfg.noise_mode} accounts DECOR by its independent noise alone (the "
                 "correlated noise's SecRDP credit is the continuous Gaussian's), so a target "
                 "epsilon calibrated by SecRDP would not hold: give sigma and sigma_cor"
             )
@@ -187,9 +187,9 @@ class GossipRecipe(DecentralizedRecipe):
             raise ConfigError(f"algorithm {alg!r} needs a noise std sigma > 0")
         elif cfg.sigma_cor > 0:
             raise ConfigError(f"algorithm {alg!r} has no correlated noise (sigma_cor)")
-        if cfg.noise_mode == "secure" and privacy_unit(cfg, task) != "user":
+        if cfg.noise_mode != "float" and privacy_unit(cfg, task) != "user":
             raise ConfigError(
-                "noise_mode secure is accounted at user level (no subsampling amplification, "
+                f"noise_mode {cfg.noise_mode} is accounted at user level (no subsampling amplification, "
                 "which is proved for the continuous Gaussian): use clip_mode batch_mean or "
                 "sampling full"
             )
@@ -221,7 +221,7 @@ class GossipRecipe(DecentralizedRecipe):
     def accountant(self, cfg: Any, topology: Any, task: Any, algorithm: Any) -> Any:
         if self.noise is None or cfg.sigma <= 0:
             return None
-        secure = cfg.noise_mode == "secure"
+        secure = cfg.noise_mode != "float"
         # secure DECOR: accounted by each node's independent discrete Gaussian alone (LDP)
         noise = "local" if secure and self.noise == "correlated" else self.noise
         at = spent(
@@ -236,7 +236,11 @@ class GossipRecipe(DecentralizedRecipe):
         noted = with_key_note(at, cfg.key_source)
         if not secure:
             return noted
-        note = "; ".join(secure_notes(self.noise, sigma=cfg.sigma, n=topology.n))
+        note = "; ".join(
+            secure_notes(
+                self.noise, sigma=cfg.sigma, n=topology.n, exact=cfg.noise_mode == "secure-exact"
+            )
+        )
 
         def with_secure(t: int) -> dict[str, Any] | None:
             rec = noted(t)
@@ -248,7 +252,7 @@ class GossipRecipe(DecentralizedRecipe):
         return with_secure
 
 
-def secure_notes(noise: str, *, sigma: float, n: int) -> list[str]:
+def secure_notes(noise: str, *, sigma: float, n: int, exact: bool = False) -> list[str]:
     """What certifies the secure mode's epsilon (docs/security.md s.4), for its records.
 
     Every release is lattice-valued with discrete Gaussian noise: a node's own
@@ -268,6 +272,16 @@ def secure_notes(noise: str, *, sigma: float, n: int) -> list[str]:
         f"secure noise: discrete Gaussian on the grid {grid:.6g} with the clipped gradient "
         "snapped to it (RDP of the discrete Gaussian <= the continuous one's; docs/security.md)"
     ]
+    if exact:
+        notes.append(
+            "exact sampler (Canonne, Kamath & Steinke 2020, Algorithms 1-3, integer arithmetic) "
+            f"at the integer scale {math.ceil(sigma / grid)} >= sigma / grid"
+        )
+    else:
+        notes.append(
+            "sampler with float64 acceptance tests (relative pmf error about 2^-32, not "
+            "accounted; secure-exact removes it)"
+        )
     if noise == "central" and n > 1:
         s = sigma / grid
         extra = 2.5 * (n - 1) * 2.0**62 * math.exp(-(math.pi**2) * s * s)  # any d <= 2^62
