@@ -188,3 +188,27 @@ def test_nothing_rank_0_holds_or_received_carries_rank_1s_keys(launched):
         "independent noise of node i": "only the rank that owns node i",
         "correlated noise of edge (i, j)": "the ranks that own i and j",
     }
+
+
+def _secure_rank(rank: int, out: str) -> None:
+    from privdl.distributed_runner import run_worker
+
+    cfg = {**RUN, "steps": 3, "eval_every": 3, "noise_mode": "secure", "clip_mode": "batch_mean"}
+    run_worker(cfg, out, timeout_s=30, progress=False)
+
+
+@pytest.mark.slow  # 2 launches' worth of time on a loaded box; the mechanism's rows: test_discrete_gaussian
+def test_launched_secure_decor_equals_the_one_process_run(tmp_path):
+    """The secure mode's lattice noise (independent and per edge) drawn per rank: the launched
+    run's models equal the simulator's bit for bit."""
+    from conftest import run_ranks
+    from privdl.loop import train
+
+    assert run_ranks(2, _secure_rank, (str(tmp_path / "launched"),)) == [0, 0]
+    cfg = {**RUN, "steps": 3, "eval_every": 3, "noise_mode": "secure", "clip_mode": "batch_mean"}
+    train(cfg, tmp_path / "single", progress=False)
+    a, b = (
+        torch.load(tmp_path / r / "checkpoint.pt", weights_only=True)["params"]["x"]
+        for r in ("launched", "single")
+    )
+    assert torch.equal(a, b)
