@@ -57,18 +57,8 @@ def test_samples_follow_the_closed_form_pmf(s):
         assert _chi2(k, rounded, s) < 1e-6
 
 
-@pytest.fixture
-def one_thread():
-    """The exact sampler's many small integer ops run faster on one thread (a loaded box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-# about 3 s each on a quiet 2-core box (10 s under load): the default run keeps s = 1
-@pytest.mark.parametrize("s", [1, pytest.param(3, marks=pytest.mark.slow)])
-def test_the_exact_sampler_follows_the_closed_form_pmf(s, one_thread):
+@pytest.mark.parametrize("s", [1, pytest.param(3, marks=pytest.mark.slow)])  # ~2-4 s each
+def test_the_exact_sampler_follows_the_closed_form_pmf(s):
     """CKS 2020 Algorithms 1-3 in integer arithmetic: chi-square against N_Z(0, s^2); at s = 1
     the rounded continuous Gaussian is rejected on the same samples (power); rows depend on
     their own key only."""
@@ -87,7 +77,7 @@ def test_the_exact_sampler_follows_the_closed_form_pmf(s, one_thread):
         discrete_gaussian_exact(KEYS, 3, 10, scale=0)
 
 
-def test_the_exact_sampler_at_the_grid_scale(one_thread):
+def test_the_exact_sampler_at_the_grid_scale():
     """At the secure mode's scale (sigma / gamma >= 2^20, rounded up): variance and mean of
     N_Z(0, s^2) and the values on the lattice."""
     sigma = 0.37

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from privdl.errors import PrivacyError
@@ -207,11 +208,11 @@ EXACT_MAX_MAGNITUDE = 1 << 31
 _U, _D, _V, _SIGN, _INT, _FRAC, _DONE = range(7)
 
 
-def _uniform_below(w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _uniform_below(w: np.ndarray, m: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
     """An exact uniform integer in ``[0, m)`` from a 53-bit word ``w`` (``m <= 2^53``): ``(ok,
     w mod m)`` where ``ok`` (the word is below the largest multiple of ``m``); else draw again."""
     limit = (2**53 // m) * m
-    return w < limit, torch.remainder(w, m)
+    return w < limit, np.remainder(w, m)
 
 
 def discrete_gaussian_exact(
@@ -231,7 +232,7 @@ def discrete_gaussian_exact(
     ``Bernoulli(exp(-1))`` trials, then the loop ``Bernoulli(gamma' / K)``, each trial
     ``Bernoulli(n / d) * Bernoulli(1 / K)`` from exact uniform integers). No floating point:
     uniform integers come from 53-bit words of :func:`~privdl.mechanisms.prng.uniform_streams`
-    by rejection. Vectorized as a state machine: at iteration i every pending entry reads one
+    by rejection. Vectorized as a numpy state machine: at iteration i every pending entry reads one
     word, the row's m-th pending entry (in column order) word m of substream ``EXACT_BASE + i``,
     so a row depends on its own key only. Proposals beyond ``EXACT_MAX_MAGNITUDE`` are rejected
     (probability below e^-1000). Returns ``(len(keys), size)`` int64.
@@ -242,22 +243,22 @@ def discrete_gaussian_exact(
     n = len(keys)
     d2 = 2 * s * s  # the acceptance exponent (|Y| - s)^2 / (2 s^2), as z^2 / d2
     total = n * size
-    out = torch.zeros(total, dtype=torch.int64)
-    pos = torch.arange(total)
+    out = np.zeros(total, dtype=np.int64)
+    pos = np.arange(total, dtype=np.int64)
     row = pos // max(size, 1)
-    zero = torch.zeros(total, dtype=torch.int64)
-    state = torch.full((total,), _U, dtype=torch.int64)
-    u, v, y, q, r = zero.clone(), zero.clone(), zero.clone(), zero.clone(), zero.clone()
+    zero = np.zeros(total, dtype=np.int64)
+    state = np.full(total, _U, dtype=np.int64)
+    u, v, y, q, r = zero.copy(), zero.copy(), zero.copy(), zero.copy(), zero.copy()
     # the Bernoulli(exp(-bn / bd)) in progress (bn <= bd): its K and which draw is next
-    bn, bd, k, half = zero.clone(), zero.clone() + 1, zero.clone() + 1, zero.clone()
-    tt = torch.tensor(s)
+    bn, bd, k, half = zero.copy(), zero + 1, zero + 1, zero.copy()
+    tt = s
     for i in range(EXACT_MAX_ITERATIONS):
         if not len(pos):
-            return out.reshape(n, size).to(device)
-        slot = torch.arange(len(row)) - torch.searchsorted(row, row)
+            return torch.from_numpy(out.reshape(n, size)).to(device)
+        slot = np.arange(len(row)) - np.searchsorted(row, row)
         width = int(slot.max()) + 1
         words = uniform_streams(keys, counter, width, substream=EXACT_BASE + i)
-        w = (words.reshape(-1)[row * width + slot] * 2.0**53).to(torch.int64)
+        w = (words.numpy().reshape(-1)[row * width + slot] * 2.0**53).astype(np.int64)
         # -- a Bernoulli(exp(-bn/bd)) step for the states that run one (D, V, INT, FRAC)
         bern = (state == _D) | (state == _V) | (state == _INT) | (state == _FRAC)
         # half 0: Bernoulli(bn / bd); half 1: Bernoulli(1 / K)
@@ -268,10 +269,10 @@ def discrete_gaussian_exact(
         a_fail = (first & (x0 >= bn)) | (second & (x1 != 0))  # A = 0: the loop ends
         go_on = first & (x0 < bn)  # then Bernoulli(1/K)
         k_up = second & (x1 == 0)  # A = 1: K += 1, back to Bernoulli(bn/bd)
-        half = torch.where(go_on, 1, torch.where(k_up, 0, half))
-        k = torch.where(k_up, k + 1, k)
+        half = np.where(go_on, 1, np.where(k_up, 0, half))
+        k = np.where(k_up, k + 1, k)
         finished = a_fail
-        bit = torch.remainder(k, 2) == 1  # exp(-gamma): 1 if K is odd
+        bit = np.remainder(k, 2) == 1  # exp(-gamma): 1 if K is odd
         # -- U: uniform in [0, t), then D = Bernoulli(exp(-U/t))
         ok_u, x_u = _uniform_below(w, tt)
         start_d = (state == _U) & ok_u
@@ -295,21 +296,21 @@ def discrete_gaussian_exact(
         zz = z * z
         new_q, new_r = zz // d2, zz % d2
         # apply (order matters only within disjoint masks)
-        new_state = state.clone()
+        new_state = state.copy()
         new_state[start_d] = _D
-        u = torch.where(start_d, x_u, u)
+        u = np.where(start_d, x_u, u)
         new_state[restart | sign_restart | too_big] = _U
         new_state[to_v] = _V
-        v = torch.where(to_v, 0, torch.where(v_more, v + 1, v))
+        v = np.where(to_v, 0, np.where(v_more, v + 1, v))
         new_state[v_stop] = _SIGN
-        y = torch.where(v_stop, u + s * v, y)
+        y = np.where(v_stop, u + s * v, y)
         keep_sign = sign_ok & ~too_big
-        signed = torch.where(neg, -mag, mag)
-        q = torch.where(keep_sign, new_q, torch.where(int_more, q - 1, q))
-        r = torch.where(keep_sign, new_r, r)
+        signed = np.where(neg, -mag, mag)
+        q = np.where(keep_sign, new_q, np.where(int_more, q - 1, q))
+        r = np.where(keep_sign, new_r, r)
         new_state[keep_sign] = _INT
         # INT with q = 0 left moves to FRAC (Bernoulli(exp(-r / d2)))
-        y = torch.where(keep_sign, signed, y)
+        y = np.where(keep_sign, signed, y)
         new_state[accept] = _DONE
         # set up the next Bernoulli of every entry that starts one
         enter_d = start_d
@@ -318,10 +319,10 @@ def discrete_gaussian_exact(
         enter_frac = (keep_sign | int_more) & (q == 0)
         new_state[enter_frac] = _FRAC
         fresh = enter_d | enter_v | enter_int | enter_frac
-        bn = torch.where(enter_d, u, torch.where(enter_frac, r, torch.where(fresh, 1, bn)))
-        bd = torch.where(enter_d, tt, torch.where(enter_frac, d2, torch.where(fresh, 1, bd)))
-        k = torch.where(fresh, 1, k)
-        half = torch.where(fresh, 0, half)
+        bn = np.where(enter_d, u, np.where(enter_frac, r, np.where(fresh, 1, bn)))
+        bd = np.where(enter_d, tt, np.where(enter_frac, d2, np.where(fresh, 1, bd)))
+        k = np.where(fresh, 1, k)
+        half = np.where(fresh, 0, half)
         # y holds |Y| until the sign, then the signed Y; INT and FRAC use the magnitude via q, r
         done = new_state == _DONE
         out[pos[done]] = y[done]
