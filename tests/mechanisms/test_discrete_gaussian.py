@@ -19,8 +19,11 @@ from scipy import stats
 from privdl.errors import PrivacyError
 from privdl.mechanisms.discrete_gaussian import (
     GRID_BITS,
+    discrete_gaussian_exact,
     discrete_gaussian_streams,
+    exact_scale,
     grid_for,
+    secure_edge_noise,
     secure_noise,
     snap,
     snap_clip,
@@ -52,6 +55,40 @@ def test_samples_follow_the_closed_form_pmf(s):
             return stats.norm.cdf((x + 0.5) / s) - stats.norm.cdf((x - 0.5) / s)
 
         assert _chi2(k, rounded, s) < 1e-6
+
+
+@pytest.mark.parametrize("s", [1, pytest.param(3, marks=pytest.mark.slow)])  # ~2-4 s each
+def test_the_exact_sampler_follows_the_closed_form_pmf(s):
+    """CKS 2020 Algorithms 1-3 in integer arithmetic: chi-square against N_Z(0, s^2); at s = 1
+    the rounded continuous Gaussian is rejected on the same samples (power); rows depend on
+    their own key only."""
+    k = discrete_gaussian_exact(KEYS, 3, 10_000, scale=s)
+    assert k.dtype == torch.int64
+    flat = k.numpy().ravel()
+    assert _chi2(flat, lambda x: np.exp(-(x**2) / (2 * s * s)), s) > 1e-3
+    if s == 1:
+
+        def rounded(x):
+            return stats.norm.cdf((x + 0.5) / s) - stats.norm.cdf((x - 0.5) / s)
+
+        assert _chi2(flat, rounded, s) < 1e-4
+    assert torch.equal(discrete_gaussian_exact(KEYS[1:2], 3, 10_000, scale=s), k[1:2])
+    with pytest.raises(PrivacyError, match="integer scale"):
+        discrete_gaussian_exact(KEYS, 3, 10, scale=0)
+
+
+def test_the_exact_sampler_at_the_grid_scale():
+    """At the secure mode's scale (sigma / gamma >= 2^20, rounded up): variance and mean of
+    N_Z(0, s^2) and the values on the lattice."""
+    sigma = 0.37
+    grid = grid_for(sigma)
+    s = exact_scale(sigma, grid)
+    assert s == math.ceil(sigma / grid) and s >= sigma / grid
+    x = secure_noise(KEYS[:2], 5, 4_000, sigma=sigma, exact=True)
+    k = x / grid
+    assert torch.equal(k, torch.round(k))
+    assert float(x.var()) / (s * grid) ** 2 == pytest.approx(1.0, abs=0.06)
+    assert float(x.mean()) == pytest.approx(0.0, abs=4 * sigma / math.sqrt(x.numel()))
 
 
 def test_the_default_grid_moments_and_determinism():
@@ -88,33 +125,76 @@ def test_snapped_gradient_plus_noise_is_exact_and_within_the_clip():
         snap_clip(1e-9, grid, d)
 
 
+def test_secure_edge_noise_cancels_exactly_and_shards():
+    """DECOR's correlated noise on the grid: the rows cancel to exactly 0 over the graph (integer
+    sums), each node's row has variance deg * sigma_cor^2 (its edges' discrete Gaussians), and
+    the rows a rank computes for its nodes equal those of the full computation."""
+    from privdl.topology import parse_graph
+
+    edges = np.asarray(parse_graph("ring:5").edges)
+    keys = [bytes([7, e]) * 16 for e in range(len(edges))]
+    sigma_cor, grid = 0.8, grid_for(0.3)
+    full = secure_edge_noise(keys, edges, 5, 2, 5_000, sigma_cor=sigma_cor, grid=grid)
+    assert full.dtype == torch.float64 and torch.equal(full / grid, torch.round(full / grid))
+    assert torch.equal(full.sum(dim=0), torch.zeros(5_000, dtype=torch.float64))
+    var = full.var(dim=1) / (2 * sigma_cor**2)  # ring: degree 2
+    np.testing.assert_allclose(var.numpy(), 1.0, atol=0.08)
+    part = secure_edge_noise(
+        [k if {3, 1} & set(e) else None for k, e in zip(keys, edges.tolist(), strict=True)],
+        edges, 5, 2, 5_000, sigma_cor=sigma_cor, grid=grid, nodes=[3, 1],
+    )  # fmt: skip
+    assert torch.equal(part, full[[3, 1]])
+
+
 def test_secure_mode_end_to_end_and_its_refusals(tmp_path, capsys):
-    """``privdl run ldp --noise-mode secure --accountant rdp``: the epsilon of the float mode
-    (same RDP accounting), labelled; the other combinations are one line, exit 2, no run."""
+    """``privdl run ldp|cdp|dpsgd|decor --noise-mode secure``: certified by RDP (the default
+    accountant is replaced by rdp, recorded), ldp/cdp/dpsgd with the float mode's RDP epsilon
+    (the discrete Gaussian's zCDP; cdp's sum of discrete Gaussians adds a term below 2^-1000),
+    DECOR with the epsilon of ldp at its sigma (its correlated noise is not credited), labelled;
+    the other combinations are one line, exit 2, no run."""
     import json
 
     from privdl.cli.main import main
 
-    run = ["run", "ldp", "--task", "least-squares", "--graph", "ring:4", "--steps", "4",
-           "--eval-every", "4", "--sigma", "0.5", "--clip", "1", "--clip-mode", "batch_mean",
-           "--accountant", "rdp", "--no-progress"]  # fmt: skip
-    assert main([*run, "--out", str(tmp_path / "float")]) == 0
-    assert main([*run, "--noise-mode", "secure", "--out", str(tmp_path / "secure")]) == 0
-    rows = [
-        json.loads((tmp_path / r / "metrics.jsonl").read_text().splitlines()[-1])["privacy"]
-        for r in ("float", "secure")
-    ]
-    assert rows[1]["epsilon"] == rows[0]["epsilon"] and rows[1]["accountant"] == "secrdp+classic"
-    assert "secure noise: discrete Gaussian on the grid" in rows[1]["notes"]
-    assert rows[1]["mu"] is None
-    summary = json.loads((tmp_path / "secure" / "summary.json").read_text())
-    assert summary["config"]["noise_mode"] == "secure"
+    common = ["--task", "least-squares", "--graph", "ring:4", "--steps", "4", "--eval-every",
+              "4", "--clip", "1", "--clip-mode", "batch_mean", "--no-progress"]  # fmt: skip
+    run = ["run", "ldp", *common, "--sigma", "0.5"]
+
+    def privacy(name: str, argv: list[str]) -> dict:
+        assert main([*argv, "--out", str(tmp_path / name)]) == 0
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return json.loads(rows[-1])["privacy"]
+
+    for alg in ("ldp", "cdp", "dpsgd"):
+        argv = ["run", alg, *common, "--sigma", "0.5"]
+        plain = privacy(f"{alg}-float", [*argv, "--accountant", "rdp"])
+        secure = privacy(f"{alg}-secure", [*argv, "--noise-mode", "secure"])
+        assert secure["epsilon"] == plain["epsilon"] and secure["accountant"] == "secrdp+classic"
+        assert secure["threat_model"] == plain["threat_model"]
+        assert "secure noise: discrete Gaussian on the grid" in secure["notes"]
+        assert secure["mu"] is None
+        assert ("Kairouz, Liu & Steinke 2021" in secure["notes"]) == (alg != "ldp")
+    rows = (tmp_path / "ldp-float" / "metrics.jsonl").read_text().splitlines()
+    ldp = json.loads(rows[-1])["privacy"]  # the float ldp run above
+    exact = privacy("ldp-exact", [*run, "--noise-mode", "secure-exact"])
+    assert exact["epsilon"] == ldp["epsilon"] and "exact sampler (Canonne" in exact["notes"]
+    summary = json.loads((tmp_path / "ldp-secure" / "summary.json").read_text())
+    assert summary["config"]["noise_mode"] == "secure" and summary["config"]["accountant"] == "rdp"
+    decor = privacy("decor", ["run", "decor", *common, "--sigma", "0.5", "--sigma-cor", "2",
+                              "--noise-mode", "secure"])  # fmt: skip
+    assert decor["epsilon"] == ldp["epsilon"] and decor["threat_model"] == "ldp"
+    assert "correlated noise is a signed sum of discrete Gaussians, not credited" in decor["notes"]
     capsys.readouterr()
-    secure_decor = ["run", "decor", *run[2:], "--noise-mode", "secure"]
+    secure = ["--noise-mode", "secure"]
     for argv, why in (
-        ([*run, "--noise-mode", "secure", "--accountant", "tightest"], "add --accountant rdp"),
-        (secure_decor, "noise_mode secure is implemented for ldp"),
-    ):
+        ([*run, *secure, "--accountant", "tightest"], "certified by RDP only"),
+        (["run", "porter-dp", *common[:-3], "--sigma", "0.5", *secure], "not porter-dp"),
+        (["run", "decor", *common, "--epsilon", "5", *secure], "give sigma and sigma_cor"),
+        (["run", "dpsgd", "--task", "a9a", "--steps", "2", "--sigma", "1", "--clip", "1", *secure],
+         "accounted at user level"),
+        (["run", "robust-hdp", "--task", "a9a", "--clients", "4", "--budgets", "1,2,4,8",
+          "--clip", "1", "--steps", "2", *secure], "no secure mode for the clients"),
+    ):  # fmt: skip
         assert main([*argv, "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err, err

@@ -35,7 +35,13 @@ from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.correlated import decor_noise
-from privdl.mechanisms.discrete_gaussian import grid_for, secure_noise, snap, snap_clip
+from privdl.mechanisms.discrete_gaussian import (
+    grid_for,
+    secure_edge_noise,
+    secure_noise,
+    snap,
+    snap_clip,
+)
 from privdl.mechanisms.prng import NormalBackend
 from privdl.tree import Tree, flatten, unflatten
 
@@ -73,19 +79,16 @@ class Decor:
     #: an optimizer of :mod:`privdl.optim` applied per node to the privatized gradient (None:
     #: plain SGD, ``x - eta (g + noise)`` with the decoupled ``weight_decay`` above)
     optimizer: Any = None
-    #: "secure": the independent noise is a discrete Gaussian on a grid and the clipped
-    #: gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`; sigma_cor = 0)
-    noise_mode: Literal["float", "secure"] = "float"
+    #: "secure": the independent and the edges' noise are discrete Gaussians on a grid and the
+    #: clipped gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`)
+    noise_mode: Literal["float", "secure", "secure-exact"] = "float"
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
             raise ConfigError("sigma_cdp and sigma_cor must be >= 0")
-        if self.noise_mode == "secure" and (
-            self.sigma_cor > 0 or self.sigma_cdp <= 0 or self.clip.threshold is None
-        ):
+        if self.noise_mode != "float" and (self.sigma_cdp <= 0 or self.clip.threshold is None):
             raise ConfigError(
-                "the secure noise mode adds independent noise (sigma_cdp > 0, sigma_cor = 0) "
-                "to clipped gradients"
+                "the secure noise mode adds independent noise (sigma_cdp > 0) to clipped gradients"
             )
         if self.weight_decay < 0:
             raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
@@ -111,14 +114,24 @@ class Decor:
         assert self.clip.threshold is not None  # __post_init__
         return replace(self.clip, threshold=snap_clip(self.clip.threshold, grid, size))
 
-    def _secure_gradients(self, grads: Tree, state: DecorState, t: int, size: int) -> Tree:
-        """``gamma round(g / gamma) + gamma N_Z(0, (sigma/gamma)^2)``, exact in float64 (every
-        term a multiple of the power-of-two grid), then cast (post-processing)."""
+    def _secure_gradients(
+        self, grads: Tree, state: DecorState, t: int, size: int, owned: list[int]
+    ) -> Tree:
+        """``gamma round(g / gamma) + gamma N_Z(0, (sigma/gamma)^2)`` plus, with ``sigma_cor``,
+        the edges' ``+-gamma N_Z(0, (sigma_cor/gamma)^2)``: exact in float64 (every term a
+        multiple of the power-of-two grid), then cast (post-processing)."""
         grid = grid_for(self.sigma_cdp)
         flat = flatten(grads)
+        exact = self.noise_mode == "secure-exact"
         noise = secure_noise(
-            list(state.noise_keys), t, size, sigma=self.sigma_cdp, device=flat.device
+            list(state.noise_keys), t, size, sigma=self.sigma_cdp, device=flat.device, exact=exact
         )
+        if self.sigma_cor > 0:
+            noise = noise + secure_edge_noise(
+                state.edge_keys, self.edges, self.n_nodes, t, size, sigma_cor=self.sigma_cor,
+                grid=grid, nodes=None if len(owned) == self.n_nodes else owned,
+                device=flat.device, exact=exact,
+            )  # fmt: skip
         return unflatten((snap(flat, grid) + noise).to(flat.dtype), grads)
 
     def step(self, state: DecorState, oracle, comm: Communicator) -> tuple[DecorState, StepInfo]:
@@ -145,9 +158,9 @@ class Decor:
                 prefetch=True,  # used out of place below
             )
 
-        if self.noise_mode == "secure":  # lines 2-3 on the grid (docs/security.md s.4)
+        if self.noise_mode != "float":  # lines 2-3 on the grid (docs/security.md s.4)
             res = oracle(state.params, t, clip=self._inner_clip(size))
-            grads = self._secure_gradients(res.grads, state, t, size)
+            grads = self._secure_gradients(res.grads, state, t, size, owned)
             flat = None
         else:
             pending = in_background(draw, device=first.device)  # drawn while line 2 runs

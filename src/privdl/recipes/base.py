@@ -102,6 +102,28 @@ class Recipe:
         return params
 
     # -- privacy ----------------------------------------------------------------------------
+    #: How the records name a party of this family ("node", "client").
+    party: ClassVar[str] = "node"
+
+    def noise_rebuild(self, run: Run) -> dict[str, str]:
+        """Who could rebuild each party's noise from what they hold (docs/security.md s.1): a
+        run's records say it next to the threat model. Keys from the seed: whoever knows the
+        seed; ``key_source = "os"`` in one process: that process (its checkpoint keeps the
+        keys); under ``privdl launch``: only the rank that owns the party, and for DECOR's
+        pairwise noise the ranks of both ends (each keeps its edge secrets)."""
+        party = self.party
+        if run.cfg.key_source != "os":
+            return {f"every {party}'s noise": "whoever knows the seed"}
+        if run.comm.world_size == 1:
+            return {
+                f"every {party}'s noise": "this process, and whoever reads its checkpoint.pt "
+                "(it keeps the keys)"
+            }
+        out = {f"independent noise of {party} i": f"only the rank that owns {party} i"}
+        if getattr(run.algorithm, "sigma_cor", 0) > 0:
+            out["correlated noise of edge (i, j)"] = "the ranks that own i and j"
+        return out
+
     def accountant(
         self, cfg: Any, topology: Any, task: Any, algorithm: Any
     ) -> Callable[[int], dict[str, Any] | None] | None:
@@ -194,6 +216,8 @@ class Run:
         priv = self.privacy(state.t) if self.privacy is not None else None
         if priv is not None:
             row["privacy"] = priv
+        if isinstance(row.get("privacy"), dict):  # who could rebuild the noise, per party
+            row["privacy"] = {**row["privacy"], "rebuild": self.recipe.noise_rebuild(self)}
         ckpt = self.recipe.checkpoint(self, state, params, tensors)
         ckpt["wall_time"] = wall
         return row, ckpt

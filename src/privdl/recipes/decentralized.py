@@ -59,11 +59,12 @@ class DecentralizedConfig(CommonConfig):
     )
 
     # docs/security.md s.4: lattice-valued noise against floating-point attacks
-    noise_mode: Literal["float", "secure"] = Field(
+    noise_mode: Literal["float", "secure", "secure-exact"] = Field(
         default="float",
-        description="float (default: keyed float32 Gaussian streams) or secure (ldp only: a "
-        "discrete Gaussian on a power-of-two grid and the clipped gradient snapped to it, "
-        "accounted by RDP at user level; docs/security.md).",
+        description="float (default: keyed float32 Gaussian streams) or secure (ldp, decor, cdp, "
+        "dpsgd: discrete Gaussians on a power-of-two grid and the clipped gradient snapped to "
+        "it, accounted by RDP at user level; docs/security.md) or secure-exact (the same with "
+        "CKS 2020's exact integer sampler, slower).",
     )
 
     @field_validator("sigma")
@@ -72,6 +73,10 @@ class DecentralizedConfig(CommonConfig):
         if not math.isfinite(v) or v < 0:
             raise ValueError("sigma must be a finite number >= 0")
         return v
+
+
+#: The algorithms that run ``noise_mode = "secure"`` (docs/security.md s.4).
+SECURE_ALGORITHMS = ("ldp", "decor", "cdp", "dpsgd")
 
 
 class DecentralizedRecipe(Recipe):
@@ -86,18 +91,21 @@ class DecentralizedRecipe(Recipe):
         return "metropolis"
 
     def resolve(self, cfg: Any, given: Mapping[str, Any]) -> Any:
-        if cfg.noise_mode == "secure":
-            if cfg.algorithm != "ldp":
+        if cfg.noise_mode != "float":
+            if cfg.algorithm not in SECURE_ALGORITHMS:
                 raise ConfigError(
-                    f"noise_mode secure is implemented for ldp (independent noise on each "
-                    f"node's clipped gradient), not {cfg.algorithm}"
+                    f"noise_mode {cfg.noise_mode} is implemented for {', '.join(SECURE_ALGORITHMS)} "
+                    f"(Gaussian noise on clipped gradients, user level), not {cfg.algorithm}"
                 )
             if cfg.accountant != "rdp":
-                raise ConfigError(
-                    "noise_mode secure is accounted by RDP (the discrete Gaussian's zCDP bound; "
-                    "the exact Gaussian curve of the tightest accountant is the continuous "
-                    "Gaussian's): add --accountant rdp"
-                )
+                if "accountant" in given:
+                    raise ConfigError(
+                        f"noise_mode {cfg.noise_mode} is certified by RDP only (the discrete Gaussian's "
+                        f"zCDP bound; the {cfg.accountant} accountant's exact Gaussian curve is "
+                        "the continuous Gaussian's): use --accountant rdp, the secure mode's "
+                        "default"
+                    )
+                cfg = cfg.model_copy(update={"accountant": "rdp"})  # what certifies it, recorded
         # (runs saved before this check recorded the then-default "metropolis" for expo: resumable)
         if given.get("mixing") not in (None, "metropolis") and time_varying(cfg.graph):
             raise ConfigError(f"graph {cfg.graph!r} has its own push-sum weights: drop mixing")

@@ -79,6 +79,9 @@ _FOREIGN = {
     "each client's own key with the default backend)",
     "clip_kind": "clipping is hard per-sample clipping (Eq. 1)",
     "sampling": "local batches are Poisson samples (what the accountant assumes)",
+    "noise_mode": "no secure mode for the clients: their example-level accounting rests on "
+    "Poisson subsampling amplification, proved for the continuous Gaussian, not the discrete "
+    "one (docs/security.md s.4)",
     "gamma": "it is PORTER's consensus step",
     "block_size": "it is PrivSGP-VR's SAGA block",
     "compressor": "updates are sent uncompressed",
@@ -183,6 +186,7 @@ class FederatedRecipe(Recipe):
 
     config_model: ClassVar[type[CommonConfig]] = FederatedRunConfig
     family: ClassVar[str] = "the federated algorithms"
+    party: ClassVar[str] = "client"
     shared_sampling: ClassVar[bool] = True
     replicated: ClassVar[bool] = True
 
