@@ -134,6 +134,11 @@ def test_catches_reused_correlated_noise():
     with bugs.reused_correlated_noise():
         got = audit("decor", threat_model="eavesdropper", **setting)
     assert got.epsilon_lower > got.epsilon_accounted, got.epsilon_lower
+
+
+@pytest.mark.slow
+def test_reused_correlated_noise_setting_is_within_without_the_bug():
+    setting = {"graph": "ring:8", "epsilon": 2.0, "delta": 1e-5, "steps": 30, "trials": 40_000}
     assert audit("decor", threat_model="eavesdropper", **setting).within_accounted
 
 

@@ -9,9 +9,10 @@ mechanism and composition is). A correct implementation gives ``epsilon_lower <=
 epsilon_accounted`` with probability at least ``confidence``; a lower bound above the accounted
 epsilon shows that the code does not deliver what its accountant certifies.
 
-``one_run=True`` (DP-SGD with Poisson sampling, federated clients) audits instead *one* run on
-``canaries`` canary examples, each included with probability 1/2, certified by the one-run
-bound of Steinke, Nasr and Jagielski 2023 (:mod:`privdl.audit.one_run_audit`).
+``one_run=True`` audits instead *one* run on ``canaries`` canaries, certified by the one-run
+bound of Steinke, Nasr and Jagielski 2023 (:mod:`privdl.audit.one_run_audit`): canary examples
+each included with probability 1/2 (DP-SGD with Poisson sampling, federated clients), or
+gradient canaries each signed +-C with probability 1/2 (the gossip family, user level).
 ``black_box=True`` (DP-SGD) shows the adversary only the final model: its score is the canary's
 loss.
 """
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
-from privdl.audit.examples import build_example_run, canary_losses, example_views
+from privdl.audit.examples import build_example_run, canary_losses, example_views, one_thread
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.privsgp import privsgp_views
@@ -230,6 +231,7 @@ def audit(
     black_box: bool = False,
     k_plus: int | None = None,
     k_minus: int | None = None,
+    known_position: bool = False,
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
@@ -250,6 +252,9 @@ def audit(
         black_box: DP-SGD at example level: the adversary sees the final model only.
         k_plus, k_minus: one-run audits: the guesses (top and bottom scores); default: the
             best of :func:`privdl.audit.one_run.guess_grid`, with a union bound.
+        known_position: example level (dpsgd): the canaries sit in the first rows of the data
+            (:func:`privdl.audit.examples.build_example_run`), so a sampler that walks the data
+            in order shows them at known steps; ``batch`` then defaults to 500.
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
             ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
@@ -262,6 +267,11 @@ def audit(
     start = time.perf_counter()
     if black_box and not example_level(algorithm, options):
         raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
+    if known_position and (one_run or not example_level(algorithm, options)):
+        raise ConfigError(
+            "known-position canaries are for dpsgd at example level (--sampling poisson), "
+            "independent trials"
+        )
     if one_run:
         from privdl.audit.one_run_audit import one_run_audit  # it builds an AuditResult
 
@@ -305,10 +315,11 @@ def audit(
         rate = None if vr else 1.0 / float(_entries(run))
     elif example_level(algorithm, options):
         run, x, present = _example_trials(
-            audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
-            sampling_rate=sampling_rate, seed=seed, rng=rng, black_box=black_box,
+            audit_values(algorithm, options, threat_model), trials=trials,
+            batch=batch or (500 if known_position else 4000), sampling_rate=sampling_rate,
+            seed=seed, rng=rng, black_box=black_box, known_position=known_position,
         )  # fmt: skip
-        canary = example_canary(run, black_box)
+        canary = example_canary(run, black_box, known_position=known_position)
         view_text = (
             BLACK_BOX_VIEW if black_box
             else "the released model after every step (the increments of each trial's weight)"
@@ -436,11 +447,13 @@ def _example_trials(
     rng: np.random.Generator,
     federated: bool = False,
     black_box: bool = False,
+    known_position: bool = False,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
     """Views of canary-example trials (:mod:`privdl.audit.examples`, or at a federated client:
     :mod:`privdl.audit.federated`): equal batches, so every batch's run has the same dataset size
     and the same calibrated noise. ``black_box``: the view is the canary's loss on the final
-    model (one feature)."""
+    model (one feature). ``known_position``: the canaries in the first rows of each batch's data
+    (:func:`privdl.audit.examples.build_example_run`)."""
     build, views_of = (
         (build_client_run, client_views) if federated else (build_example_run, example_views)
     )
@@ -450,11 +463,29 @@ def _example_trials(
     size = 2 * (trials // (2 * count))
     if size < 8:
         raise ConfigError(f"{trials} trials are too few for an example-level audit")
+    with one_thread():
+        return _example_batches(build, views_of, values, count, size, sampling_rate, seed, rng,
+                                known_position)  # fmt: skip
+
+
+def _example_batches(
+    build: Any,
+    views_of: Any,
+    values: dict[str, Any],
+    count: int,
+    size: int,
+    sampling_rate: float,
+    seed: int,
+    rng: np.random.Generator,
+    known_position: bool,
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The ``count`` batches of :func:`_example_trials`, ``size`` trials each."""
     views, flags, run, cfg = [], [], None, None
     for k in range(count):
         present = rng.permutation(np.arange(size) < size // 2)
+        extra = {"known_position": True} if known_position else {}
         run = build(values if cfg is None else cfg.model_dump(), present,
-                    sampling_rate=sampling_rate, calibrated=cfg)  # fmt: skip
+                    sampling_rate=sampling_rate, calibrated=cfg, **extra)  # fmt: skip
         cfg = run.cfg
         views.append(views_of(run, seed=seed * 7919 + k))
         flags.append(present)
@@ -471,9 +502,11 @@ def _loss_views(run: Any, *, seed: int) -> np.ndarray:
     return canary_losses(run, seed=seed)[:, None]
 
 
-def example_canary(run: Any, black_box: bool) -> dict[str, Any]:
+def example_canary(run: Any, black_box: bool, *, known_position: bool = False) -> dict[str, Any]:
     """The canary record of an example-level DP-SGD audit."""
+    where = {"position": "the first rows of the data (known order)"} if known_position else {}
     return {
+        **where,
         "kind": "example (input canary, black box: the adversary queries the final model)"
         if black_box
         else "example (white box: its gradient is clipped to exactly C)",
