@@ -113,3 +113,34 @@ def test_known_position_puts_the_canaries_first_and_keeps_the_rate():
     assert x.shape == (16, 4) and run.cfg.batch_size == 4 and run.task.sampling_rate == 0.25
     assert np.array_equal((x.abs().sum(1) > 0).numpy(), np.r_[present, np.zeros(12, bool)])
     assert np.array_equal(np.flatnonzero(x[:4].abs().sum(0).numpy()), np.flatnonzero(present))
+
+
+@pytest.mark.parametrize("algorithm", ["decor", pytest.param("ldp", marks=pytest.mark.slow)])
+def test_example_level_gossip_stays_under_its_accounted_epsilon(algorithm):
+    """DECOR (eavesdropper) and LDP with Poisson-sampled minibatches (q = 1/2): canary examples
+    at node 0, zero examples elsewhere, every message on the wire seen. Under the example-level
+    (add/remove) accounted epsilon, with power at a weak setting (sigma given, RDP accounting:
+    the PLD of a subsampled Gaussian at this small noise takes 12 s to compute)."""
+    got = audit(algorithm, graph="ring:4", sampling="poisson", sampling_rate=0.5, sigma=0.001,
+                accountant="rdp", delta=1e-5, steps=5, trials=1000, batch=1000)  # fmt: skip
+    acc = got.accounted
+    assert acc["accountant"] == "secrdp+rdp-subsampled" and acc["notes"].startswith("poisson")
+    assert (acc["unit"], acc["neighbouring"]) == ("example", "add_remove")
+    assert got.threat_model == ("eavesdropper" if algorithm == "decor" else "ldp")
+    assert got.within_accounted, (got.epsilon_lower, got.epsilon_accounted)
+    assert got.epsilon_lower > 0.5
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"threat_model": "curious"}, "eavesdropper"),
+        ({"one_run": True}, "independent white-box trials"),
+        ({"known_position": True}, "independent white-box trials"),
+    ],
+)
+def test_example_level_gossip_refuses_what_it_does_not_audit(options, message):
+    from privdl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        audit("decor", graph="ring:4", sampling="poisson", epsilon=4.0, **options)

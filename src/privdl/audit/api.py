@@ -154,8 +154,11 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
     elif example_level(algorithm, options):
         values = {**EXAMPLE_DEFAULTS, **options, "algorithm": algorithm}
         if values.get("sampling") != "poisson" or values.get("clip_mode") != "per_sample":
+            raise ConfigError("example-level audits run sampling poisson with clip_mode per_sample")
+        if algorithm == "decor" and threat_model not in (None, "eavesdropper"):
             raise ConfigError(
-                "example-level audits run DP-SGD with sampling poisson and clip_mode per_sample"
+                "example-level DECOR audits show the adversary every message (eavesdropper); "
+                "curious and colluding views are audited at user level"
             )
         if "task" in options or "batch_size" in options:
             raise ConfigError(
@@ -178,9 +181,14 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
     return values
 
 
+#: Example-level audits (canary examples in Poisson-sampled minibatches): DP-SGD, and the
+#: gossip family with local noise (canaries at node 0, every message on the wire seen).
+EXAMPLE_LEVEL = ("dpsgd", "decor", "ldp")
+
+
 def example_level(algorithm: str, options: dict[str, Any]) -> bool:
-    """Whether the options ask for DP-SGD on sampled minibatches (canary examples)."""
-    return algorithm == "dpsgd" and options.get("sampling", "full") != "full"
+    """Whether the options ask for sampled minibatches (canary examples)."""
+    return algorithm in EXAMPLE_LEVEL and options.get("sampling", "full") != "full"
 
 
 def _bounds(
@@ -267,6 +275,12 @@ def audit(
     start = time.perf_counter()
     if black_box and not example_level(algorithm, options):
         raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
+    gossip_examples = example_level(algorithm, options) and algorithm != "dpsgd"
+    if gossip_examples and (one_run or black_box or known_position):
+        raise ConfigError(
+            f"example-level {algorithm} audits run independent white-box trials (no --one-run, "
+            "--black-box or --known-position)"
+        )
     if known_position and (one_run or not example_level(algorithm, options)):
         raise ConfigError(
             "known-position canaries are for dpsgd at example level (--sampling poisson), "
@@ -318,13 +332,18 @@ def audit(
             audit_values(algorithm, options, threat_model), trials=trials,
             batch=batch or (500 if known_position else 4000), sampling_rate=sampling_rate,
             seed=seed, rng=rng, black_box=black_box, known_position=known_position,
+            fillers=gossip_examples,
         )  # fmt: skip
         canary = example_canary(run, black_box, known_position=known_position)
         view_text = (
             BLACK_BOX_VIEW if black_box
+            else "every message x_i^{t+1/2} on the wire, every step (canaries at node 0)"
+            if gossip_examples
             else "the released model after every step (the increments of each trial's weight)"
         )  # fmt: skip
-        threat, mixture = "central", True
+        accounted = dict((run.privacy(run.cfg.steps) if run.privacy is not None else None) or {})
+        threat = str(accounted.get("threat_model")) if gossip_examples else "central"
+        mixture = True
         rate = None if black_box else float(run.task.sampling_rate)
     else:
         run, x, present, view = _gradient_trials(
@@ -339,7 +358,7 @@ def audit(
         }
         view_text, threat, rate, mixture = view.describe(), view.threat_model, None, False
     cfg = run.cfg
-    if algorithm not in FEDERATED:
+    if algorithm not in FEDERATED and not example_level(algorithm, options):
         accounted = dict((run.privacy(cfg.steps) if run.privacy is not None else None) or {})
     delta = float(accounted.get("delta", cfg.delta or 1e-5))
     test, cp, gdp, tradeoff = _bounds(x, present, rng, delta, confidence, rate)
@@ -448,6 +467,7 @@ def _example_trials(
     federated: bool = False,
     black_box: bool = False,
     known_position: bool = False,
+    fillers: bool = False,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
     """Views of canary-example trials (:mod:`privdl.audit.examples`, or at a federated client:
     :mod:`privdl.audit.federated`): equal batches, so every batch's run has the same dataset size
@@ -465,7 +485,7 @@ def _example_trials(
         raise ConfigError(f"{trials} trials are too few for an example-level audit")
     with one_thread():
         return _example_batches(build, views_of, values, count, size, sampling_rate, seed, rng,
-                                known_position)  # fmt: skip
+                                known_position, fillers)  # fmt: skip
 
 
 def _example_batches(
@@ -478,12 +498,16 @@ def _example_batches(
     seed: int,
     rng: np.random.Generator,
     known_position: bool,
+    fillers: bool,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """The ``count`` batches of :func:`_example_trials`, ``size`` trials each."""
+    """The ``count`` batches of :func:`_example_trials`, ``size`` trials each (``fillers``:
+    an all-zero example in every absent slot, as a gossip audit's equal nodes need)."""
     views, flags, run, cfg = [], [], None, None
     for k in range(count):
         present = rng.permutation(np.arange(size) < size // 2)
         extra = {"known_position": True} if known_position else {}
+        if fillers:
+            extra["fillers"] = True
         run = build(values if cfg is None else cfg.model_dump(), present,
                     sampling_rate=sampling_rate, calibrated=cfg, **extra)  # fmt: skip
         cfg = run.cfg

@@ -100,6 +100,7 @@ def build_example_run(
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
     from privdl.registry import make_config
     from privdl.tasks import UserObjects
+    from privdl.topology import parse_topology
 
     m = len(present) if fillers or known_position else int(np.sum(present))
     if m < 1 or not 0 < sampling_rate <= 1:
@@ -111,17 +112,47 @@ def build_example_run(
     cfg = calibrated or make_config({**values, "task": "user", "batch_size": batch, "clip": clip})
     model = nn.Linear(len(present), 1, bias=False)
     nn.init.zeros_(model.weight)
-    # known position: the data as the node's own dataset (a list of one), kept in its order
-    user = UserObjects(data=user_data([(x, y)] if known_position else (x, y), n_classes=2),
-                       model=model)  # fmt: skip
+    nodes = parse_topology(str(getattr(cfg, "graph", None) or "complete:1")).n
+    data: Any = (x, y)
+    if nodes > 1:  # gossip: the canaries at node 0, every other node all-zero examples
+        if not fillers:
+            raise ConfigError("a gossip example-level audit keeps a slot per trial (fillers)")
+        data = [(x, y)] + [(torch.zeros_like(x), y)] * (nodes - 1)
+    elif known_position:  # the data as the node's own dataset (a list of one), in its order
+        data = [(x, y)]
+    user = UserObjects(data=user_data(data, n_classes=2), model=model)
     return build_run(cfg, user=user, calibrated=calibrated is not None)
 
 
 def example_views(run: Any, *, seed: int) -> np.ndarray:
     """``(B, steps)`` increments of each trial's coordinate of the released model, over the
-    run's steps (its own oracle: sampling, clipping and noise as implemented)."""
+    run's steps (its own oracle: sampling, clipping and noise as implemented). A gossip run
+    (several nodes): ``(B, nodes x steps)``, every message on the wire, every step."""
+    if int(run.topology.n) > 1:
+        return _wire(run, seed=seed)
     model = torch.stack([r.reshape(-1).double() for r in _released_models(run, seed=seed)])
     return torch.diff(model, dim=0).T.numpy()  # (steps + 1, B) -> (B, steps)
+
+
+def _wire(run: Any, *, seed: int) -> np.ndarray:
+    """Every message ``x_i^{t+1/2}`` a gossip run sends, every step: ``(B, nodes x steps)``."""
+    from privdl.loop import set_keys
+
+    steps = int(run.cfg.steps)
+    params = run.recipe.initial_params(run.cfg, run.task)
+    size = sum(int(v[0].numel()) for v in params.values())
+    if size * steps * int(run.topology.n) > MAX_CELLS:
+        raise ConfigError(f"{size} trials x {steps} steps is too large for one audit")
+    set_keys(run, Keys.from_seed(seed))
+    comm = _Recording(run.comm)
+    parts: list[torch.Tensor] = []
+    with one_thread():
+        state = run.algorithm.init(params, run.oracle, cast(Communicator, comm), keys=run.keys)
+        for _ in range(steps):  # the run's own steps (each vectorised over all trials)
+            state, _ = run.algorithm.step(state, run.oracle, cast(Communicator, comm))
+            sent, _ = comm.take()
+            parts.extend(m.reshape(m.shape[0], -1) for m in sent)
+    return torch.cat(parts).T.to(torch.float64).numpy()
 
 
 def canary_losses(run: Any, *, seed: int) -> np.ndarray:
