@@ -133,7 +133,7 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
     if cfg.task != "least-squares" and cfg.sampling != "full":
         raise ConfigError(
             "user-level audits run the least-squares task's full gradients; for example-level "
-            "canaries give dpsgd sampling poisson"
+            "canaries give dpsgd, decor or ldp sampling poisson"
         )
     return cfg
 
