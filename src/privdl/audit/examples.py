@@ -18,6 +18,11 @@ coordinate and the trials are independent:
 
 The adversary is the trusted aggregator's audience (threat model ``central``): it sees the released
 model after every step; its view of trial ``k`` is the increments of ``w_k``.
+
+The gossip family with local noise (DECOR, Allouah et al. 2024, Algorithm 1, and its LDP
+baseline) is audited the same way at example level: the canary examples are node 0's data
+(absent ones all-zero slots), every other node holds as many all-zero examples, and the
+adversary (eavesdropper, or LDP's) sees every message ``x_i^{t+1/2}`` on the wire, every step.
 """
 
 from __future__ import annotations
