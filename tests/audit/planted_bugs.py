@@ -16,9 +16,10 @@ import torch
 import privdl.algorithms.decor as decor_module
 import privdl.recipes.gossip as gossip_recipe
 import privdl.tasks as tasks
-from privdl.data.batching import sample_batches
+from privdl.data.batching import BatchIndex, sample_batches
 from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.mechanisms.correlated import correlated_noise, decor_noise, independent_noise
+from privdl.rng import step_generator
 
 
 @contextlib.contextmanager
@@ -89,4 +90,30 @@ def one_poisson_draw_for_every_step() -> Iterator[None]:
                               m_max=m_max)  # fmt: skip
 
     with mock.patch.object(tasks, "sample_batches", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def batches_in_data_order() -> Iterator[None]:
+    """``sampling="poisson"`` served by a loader that walks the data in order: the fixed-size
+    batch of step ``t`` is rows ``[t b, (t + 1) b)`` modulo the local size (no shuffling, no
+    Poisson draw), while the accountant amplifies by Poisson sampling at rate ``b / m``. The
+    step reaches the sampler as it does in a real loader, through the step's generator."""
+    step: dict[str, int] = {}
+
+    def generator(seed, purpose, t, device="cpu"):
+        step[purpose] = int(t)
+        return step_generator(seed, purpose, t, device)
+
+    def buggy(counts, batch_size, *, generator, scheme="without_replacement", m_max=None):
+        if scheme != "poisson":
+            return sample_batches(counts, batch_size, generator=generator, scheme=scheme,
+                                  m_max=m_max)  # fmt: skip
+        counts = torch.as_tensor(counts, dtype=torch.int64)
+        start = step["batches"] * batch_size
+        index = (start + torch.arange(batch_size)[None, :]) % counts[:, None]
+        return BatchIndex(index, torch.ones_like(index, dtype=torch.bool))
+
+    with (mock.patch.object(tasks, "step_generator", generator),
+          mock.patch.object(tasks, "sample_batches", buggy)):  # fmt: skip
         yield

@@ -116,7 +116,8 @@ def test_reproducible_and_json_ready():
         ({"algorithm": "porter-gc"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
         ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
-        ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),
+        ({"algorithm": "cdp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),
+        ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
         ({"algorithm": "dpsgd", "sampling": "poisson", "clip_mode": "batch_mean"}, "per_sample"),
         ({"algorithm": "ldp", "trials": 4}, "trials"),
         ({"algorithm": "ldp", "epsilon": None}, "needs a noise std sigma"),
@@ -134,6 +135,11 @@ def test_catches_reused_correlated_noise():
     with bugs.reused_correlated_noise():
         got = audit("decor", threat_model="eavesdropper", **setting)
     assert got.epsilon_lower > got.epsilon_accounted, got.epsilon_lower
+
+
+@pytest.mark.slow
+def test_reused_correlated_noise_setting_is_within_without_the_bug():
+    setting = {"graph": "ring:8", "epsilon": 2.0, "delta": 1e-5, "steps": 30, "trials": 40_000}
     assert audit("decor", threat_model="eavesdropper", **setting).within_accounted
 
 

@@ -95,10 +95,40 @@ def test_filler_slots_keep_the_run_fixed_and_losses_are_the_tasks():
 
 
 @pytest.mark.parametrize(
+    ("algorithm", "threat", "graph"),
+    [("decor", "eavesdropper", "ring:8"), ("decor", "collusion:2", "torus:3x3")],
+)
+def test_one_run_gossip_is_positive_and_under_the_accounted_epsilon(algorithm, threat, graph):
+    """One run, 4000 gradient canaries (one per coordinate, sign S_k drawn with probability
+    1/2): 2000 reference canaries fit Fisher's test, 2000 are guessed; the bound is under the
+    accounted epsilon (labelled user / replace_one) and has power."""
+    got = audit(algorithm, threat_model=threat, graph=graph, epsilon=8.0, delta=1e-5, steps=5,
+                one_run=True, canaries=4000)  # fmt: skip
+    acc = got.accounted
+    assert (acc["unit"], acc["neighbouring"]) == ("user", "replace_one")
+    assert acc["epsilon"] == pytest.approx(8.0, rel=1e-6)
+    game = got.one_run
+    assert game is not None and game["canaries"] == 2000 and game["reference"] == 2000
+    assert 900 < game["included"] < 1100
+    assert 1.0 < got.epsilon_lower <= got.epsilon_accounted, got.epsilon_lower
+    assert got.threat_model == (threat or "central")
+
+
+def test_one_run_gossip_catches_a_dropped_noise():
+    """The planted bug (node 0's noise dropped, the canary's) caught in one run of LDP."""
+    keep = np.ones(8)
+    keep[0] = 0.0
+    with bugs.noise_scaled_per_node(keep):
+        got = audit("ldp", graph="ring:8", epsilon=2.0, steps=5, one_run=True, canaries=2000)
+    assert got.epsilon_lower > got.epsilon_accounted, (got.epsilon_lower, got.epsilon_accounted)
+
+
+@pytest.mark.parametrize(
     ("algorithm", "options", "message"),
     [
-        ("decor", {"graph": "ring:4", "epsilon": 1.0}, "one-run audits run dpsgd"),
-        ("dpsgd", {"epsilon": 1.0}, "one-run audits run dpsgd"),
+        ("privsgp-vr", {"graph": "ring:4", "epsilon": 1.0}, "one-run audits run the gossip"),
+        ("decor", {"graph": "ring:4", "epsilon": 1.0, "canaries": 10}, "at least 20"),
+        ("decor", {"graph": "ring:4", "epsilon": 1.0, "black_box": True}, "black-box audits"),
         ("dpsgd", {"sampling": "poisson", "sigma": 1.0, "canaries": 5}, "at least 10"),
         ("dpsgd", {"sampling": "poisson", "sigma": 1.0, "canaries": 9000}, "too large"),
         ("robust-hdp", {"budgets": "4", "black_box": True}, "black-box audits run dpsgd"),

@@ -68,10 +68,24 @@ def test_one_run_json_and_black_box_text():
     assert "one run, 400 canaries" in text.output and "final model only" in text.output
 
 
+def test_one_run_gossip_json():
+    """The gossip family in one run: half the canaries fit the test, half are guessed."""
+    args = ["audit", "ldp", "--graph", "ring:4", "--epsilon", "8", "--steps", "3", "--one-run",
+            "--canaries", "2000", "--json"]  # fmt: skip
+    out = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert got["trials"] == 2000 and got["one_run"]["canaries"] == got["one_run"]["reference"]
+    assert 0 < got["epsilon_lower"] <= got["epsilon_accounted"]
+    assert got["accounted"]["unit"] == "user" and got["threat_model"] == "ldp"
+
+
 @pytest.mark.parametrize(
     "args",
     [
-        ["audit", "decor", "--epsilon", "1", "--one-run"],
+        ["audit", "privsgp-vr", "--epsilon", "1", "--one-run"],
+        ["audit", "ldp", "--epsilon", "1", "--known-position"],
+        ["audit", "--suite", "--known-position", "--out", "x"],
         ["audit", "dpsgd", "--epsilon", "1", "--one-run", "--canaries", "5"],
         ["audit", "--suite", "--one-run", "--out", "x"],
         ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canaries", "100"],

@@ -9,9 +9,10 @@ mechanism and composition is). A correct implementation gives ``epsilon_lower <=
 epsilon_accounted`` with probability at least ``confidence``; a lower bound above the accounted
 epsilon shows that the code does not deliver what its accountant certifies.
 
-``one_run=True`` (DP-SGD with Poisson sampling, federated clients) audits instead *one* run on
-``canaries`` canary examples, each included with probability 1/2, certified by the one-run
-bound of Steinke, Nasr and Jagielski 2023 (:mod:`privdl.audit.one_run_audit`).
+``one_run=True`` audits instead *one* run on ``canaries`` canaries, certified by the one-run
+bound of Steinke, Nasr and Jagielski 2023 (:mod:`privdl.audit.one_run_audit`): canary examples
+each included with probability 1/2 (DP-SGD with Poisson sampling, federated clients), or
+gradient canaries each signed +-C with probability 1/2 (the gossip family, user level).
 ``black_box=True`` (DP-SGD) shows the adversary only the final model: its score is the canary's
 loss.
 """
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
-from privdl.audit.examples import build_example_run, canary_losses, example_views
+from privdl.audit.examples import build_example_run, canary_losses, example_views, one_thread
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.privsgp import privsgp_views
@@ -132,7 +133,7 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
     if cfg.task != "least-squares" and cfg.sampling != "full":
         raise ConfigError(
             "user-level audits run the least-squares task's full gradients; for example-level "
-            "canaries give dpsgd sampling poisson"
+            "canaries give dpsgd, decor or ldp sampling poisson"
         )
     return cfg
 
@@ -153,8 +154,11 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
     elif example_level(algorithm, options):
         values = {**EXAMPLE_DEFAULTS, **options, "algorithm": algorithm}
         if values.get("sampling") != "poisson" or values.get("clip_mode") != "per_sample":
+            raise ConfigError("example-level audits run sampling poisson with clip_mode per_sample")
+        if algorithm == "decor" and threat_model not in (None, "eavesdropper"):
             raise ConfigError(
-                "example-level audits run DP-SGD with sampling poisson and clip_mode per_sample"
+                "example-level DECOR audits show the adversary every message (eavesdropper); "
+                "curious and colluding views are audited at user level"
             )
         if "task" in options or "batch_size" in options:
             raise ConfigError(
@@ -177,9 +181,14 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
     return values
 
 
+#: Example-level audits (canary examples in Poisson-sampled minibatches): DP-SGD, and the
+#: gossip family with local noise (canaries at node 0, every message on the wire seen).
+EXAMPLE_LEVEL = ("dpsgd", "decor", "ldp")
+
+
 def example_level(algorithm: str, options: dict[str, Any]) -> bool:
-    """Whether the options ask for DP-SGD on sampled minibatches (canary examples)."""
-    return algorithm == "dpsgd" and options.get("sampling", "full") != "full"
+    """Whether the options ask for sampled minibatches (canary examples)."""
+    return algorithm in EXAMPLE_LEVEL and options.get("sampling", "full") != "full"
 
 
 def _bounds(
@@ -230,6 +239,7 @@ def audit(
     black_box: bool = False,
     k_plus: int | None = None,
     k_minus: int | None = None,
+    known_position: bool = False,
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
@@ -250,6 +260,9 @@ def audit(
         black_box: DP-SGD at example level: the adversary sees the final model only.
         k_plus, k_minus: one-run audits: the guesses (top and bottom scores); default: the
             best of :func:`privdl.audit.one_run.guess_grid`, with a union bound.
+        known_position: example level (dpsgd): the canaries sit in the first rows of the data
+            (:func:`privdl.audit.examples.build_example_run`), so a sampler that walks the data
+            in order shows them at known steps; ``batch`` then defaults to 500.
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
             ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
@@ -262,6 +275,17 @@ def audit(
     start = time.perf_counter()
     if black_box and not example_level(algorithm, options):
         raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
+    gossip_examples = example_level(algorithm, options) and algorithm != "dpsgd"
+    if gossip_examples and (one_run or black_box or known_position):
+        raise ConfigError(
+            f"example-level {algorithm} audits run independent white-box trials (no --one-run, "
+            "--black-box or --known-position)"
+        )
+    if known_position and (one_run or not example_level(algorithm, options)):
+        raise ConfigError(
+            "known-position canaries are for dpsgd at example level (--sampling poisson), "
+            "independent trials"
+        )
     if one_run:
         from privdl.audit.one_run_audit import one_run_audit  # it builds an AuditResult
 
@@ -305,15 +329,21 @@ def audit(
         rate = None if vr else 1.0 / float(_entries(run))
     elif example_level(algorithm, options):
         run, x, present = _example_trials(
-            audit_values(algorithm, options, threat_model), trials=trials, batch=batch or 4000,
-            sampling_rate=sampling_rate, seed=seed, rng=rng, black_box=black_box,
+            audit_values(algorithm, options, threat_model), trials=trials,
+            batch=batch or (500 if known_position else 4000), sampling_rate=sampling_rate,
+            seed=seed, rng=rng, black_box=black_box, known_position=known_position,
+            fillers=gossip_examples,
         )  # fmt: skip
-        canary = example_canary(run, black_box)
+        canary = example_canary(run, black_box, known_position=known_position)
         view_text = (
             BLACK_BOX_VIEW if black_box
+            else "every message x_i^{t+1/2} on the wire, every step (canaries at node 0)"
+            if gossip_examples
             else "the released model after every step (the increments of each trial's weight)"
         )  # fmt: skip
-        threat, mixture = "central", True
+        accounted = dict((run.privacy(run.cfg.steps) if run.privacy is not None else None) or {})
+        threat = str(accounted.get("threat_model")) if gossip_examples else "central"
+        mixture = True
         rate = None if black_box else float(run.task.sampling_rate)
     else:
         run, x, present, view = _gradient_trials(
@@ -328,7 +358,7 @@ def audit(
         }
         view_text, threat, rate, mixture = view.describe(), view.threat_model, None, False
     cfg = run.cfg
-    if algorithm not in FEDERATED:
+    if algorithm not in FEDERATED and not example_level(algorithm, options):
         accounted = dict((run.privacy(cfg.steps) if run.privacy is not None else None) or {})
     delta = float(accounted.get("delta", cfg.delta or 1e-5))
     test, cp, gdp, tradeoff = _bounds(x, present, rng, delta, confidence, rate)
@@ -436,11 +466,14 @@ def _example_trials(
     rng: np.random.Generator,
     federated: bool = False,
     black_box: bool = False,
+    known_position: bool = False,
+    fillers: bool = False,
 ) -> tuple[Any, np.ndarray, np.ndarray]:
     """Views of canary-example trials (:mod:`privdl.audit.examples`, or at a federated client:
     :mod:`privdl.audit.federated`): equal batches, so every batch's run has the same dataset size
     and the same calibrated noise. ``black_box``: the view is the canary's loss on the final
-    model (one feature)."""
+    model (one feature). ``known_position``: the canaries in the first rows of each batch's data
+    (:func:`privdl.audit.examples.build_example_run`)."""
     build, views_of = (
         (build_client_run, client_views) if federated else (build_example_run, example_views)
     )
@@ -450,11 +483,33 @@ def _example_trials(
     size = 2 * (trials // (2 * count))
     if size < 8:
         raise ConfigError(f"{trials} trials are too few for an example-level audit")
+    with one_thread():
+        return _example_batches(build, views_of, values, count, size, sampling_rate, seed, rng,
+                                known_position, fillers)  # fmt: skip
+
+
+def _example_batches(
+    build: Any,
+    views_of: Any,
+    values: dict[str, Any],
+    count: int,
+    size: int,
+    sampling_rate: float,
+    seed: int,
+    rng: np.random.Generator,
+    known_position: bool,
+    fillers: bool,
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The ``count`` batches of :func:`_example_trials`, ``size`` trials each (``fillers``:
+    an all-zero example in every absent slot, as a gossip audit's equal nodes need)."""
     views, flags, run, cfg = [], [], None, None
     for k in range(count):
         present = rng.permutation(np.arange(size) < size // 2)
+        extra = {"known_position": True} if known_position else {}
+        if fillers:
+            extra["fillers"] = True
         run = build(values if cfg is None else cfg.model_dump(), present,
-                    sampling_rate=sampling_rate, calibrated=cfg)  # fmt: skip
+                    sampling_rate=sampling_rate, calibrated=cfg, **extra)  # fmt: skip
         cfg = run.cfg
         views.append(views_of(run, seed=seed * 7919 + k))
         flags.append(present)
@@ -471,9 +526,11 @@ def _loss_views(run: Any, *, seed: int) -> np.ndarray:
     return canary_losses(run, seed=seed)[:, None]
 
 
-def example_canary(run: Any, black_box: bool) -> dict[str, Any]:
+def example_canary(run: Any, black_box: bool, *, known_position: bool = False) -> dict[str, Any]:
     """The canary record of an example-level DP-SGD audit."""
+    where = {"position": "the first rows of the data (known order)"} if known_position else {}
     return {
+        **where,
         "kind": "example (input canary, black box: the adversary queries the final model)"
         if black_box
         else "example (white box: its gradient is clipped to exactly C)",

@@ -46,7 +46,7 @@ def tradeoff_figure(result: AuditResult, path: str | Path) -> Path:
     pts = np.asarray(result.tradeoff, float)
     game = result.one_run
     observed = (
-        "observed (the one-run score, all canaries)"
+        f"observed (the one-run score, {'guessed' if 'reference' in game else 'all'} canaries)"
         if game
         else "observed (fitted test, held-out trials)"
     )

@@ -32,7 +32,12 @@ def _text(r: Any) -> str:
     verdict = "yes" if r.within_accounted else "NO: the implementation exceeds its accountant"
     game = r.one_run
     size = (
-        f"one run, {game['canaries']} canaries ({game['included']} included)"
+        f"one run, {game['canaries']} canaries ({game['included']} included"
+        + (
+            f"; {game['reference']} reference canaries fit the test)"
+            if "reference" in game
+            else ")"
+        )
         if game
         else f"{r.trials} trials"
     )
@@ -52,6 +57,8 @@ def _text(r: Any) -> str:
                 f"             epsilon {r.epsilon_lower_gdp:.4g} (gdp: assumes mu-GDP; "
                 f"mu >= {r.mu_lower:.4g})"
                 if r.epsilon_lower_gdp == r.epsilon_lower_gdp  # not NaN
+                else "             (no gdp bound: a one-run audit certifies with its own bound)"
+                if game
                 else "             (no gdp bound: the view mixes over secret sampling, not mu-GDP)"
             ),
             *([f"  score: {game['score']}"] if game else []),
@@ -67,14 +74,16 @@ def _text(r: Any) -> str:
 
 
 def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
-           one_run, canaries, black_box, as_json, plot, suite, out, overwrite,
+           one_run, canaries, black_box, known_position, as_json, plot, suite, out, overwrite,
            **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
     if suite:
-        if one_run or black_box:
-            raise click.UsageError("--suite runs its own preset: no --one-run or --black-box")
+        if one_run or black_box or known_position:
+            raise click.UsageError(
+                "--suite runs its own preset: no --one-run, --black-box or --known-position"
+            )
         _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed)
         return
     if canaries is not None and not one_run:
@@ -94,6 +103,7 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         one_run=one_run,
         canaries=canaries or 1000,
         black_box=black_box,
+        known_position=known_position,
         **values,
     )
     if plot:
@@ -171,21 +181,28 @@ audit = click.Command(
         click.Option(
             ["--one-run"],
             is_flag=True,
-            help="Audit one run on --canaries canary examples, each included with probability "
-            "1/2 (Steinke, Nasr and Jagielski 2023): dpsgd --sampling poisson and the federated "
-            "clients.",
+            help="Audit one run on --canaries canaries, each included (or, for gradient "
+            "canaries, signed) with probability 1/2 (Steinke, Nasr and Jagielski 2023): the "
+            "gossip family (decor, ldp, cdp, dpsgd, porter-dp), dpsgd --sampling poisson and the "
+            "federated clients.",
         ),
         click.Option(
             ["--canaries"],
-            type=click.IntRange(10, 7000),
+            type=click.IntRange(10),
             default=None,
-            help="--one-run: canary examples in the run (default 1000).",
+            help="--one-run: canaries in the run (default 1000; canary examples at most 7000).",
         ),
         click.Option(
             ["--black-box"],
             is_flag=True,
             help="dpsgd --sampling poisson: the adversary sees the final model only (its score "
             "is the canary's loss).",
+        ),
+        click.Option(
+            ["--known-position"],
+            is_flag=True,
+            help="dpsgd --sampling poisson: the canaries lead the data order (the rest all-zero "
+            "examples), so a sampler that walks the data in order shows them at known steps.",
         ),
         click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."),
         click.Option(
