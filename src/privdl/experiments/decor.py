@@ -30,6 +30,7 @@ from privdl.algorithms.base import Keys
 from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, wrap_title
 from privdl.loop import build_run
 from privdl.privacy import decor_pair_for_step_rdp
 from privdl.registry import make_config
@@ -139,7 +140,8 @@ def _plot(
     logx: bool = False,
     logy: bool = True,
 ) -> None:
-    """Fig 1 style: colour by algorithm, line style by topology, +/- 1 std error bars."""
+    """Fig 1 style: colour by algorithm, line style by topology, +/- 1 std error bars; the title
+    wrapped to the figure's width."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,12 +164,12 @@ def _plot(
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    wrap_title(fig, ax, title)  # the Fig 1 caption's labels: two lines where one does not fit
+    ax.legend(fontsize=LEGEND_SIZE)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
 
 
@@ -346,7 +348,7 @@ def run_fig1a(
         series,
         xlabel="epsilon",
         ylabel="optimality gap (code's metric)",
-        title=f"Fig 1a least squares, {SHORT_CAPTION}",
+        title=f"Fig 1a least squares\n{SHORT_CAPTION}",
     )
     for s in series:
         s["y"] = [
@@ -657,7 +659,7 @@ def run_fig1b(
         series,
         xlabel="epsilon",
         ylabel="train BCE(xbar) - L*",
-        title=f"Fig 1b a9a (rebuild), {SHORT_CAPTION}",
+        title=f"Fig 1b a9a (rebuild)\n{SHORT_CAPTION}",
     )
     rows = [
         [

@@ -36,6 +36,7 @@ from privdl.data import load_dataset
 from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.experiments.figures import LABEL_SIZE, TITLE_SIZE, legend_outside
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, ring
 from privdl.topology.timevarying import ExponentialGraph
@@ -410,7 +411,8 @@ def _budget_run(
     model, x, y, train, test, comm = data
     gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
-    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
+    points = int(cfg.get("curve_points", 1))  # evaluations along the run (no effect on it)
+    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=points)
     z = rdp_noise_multiplier(eps, top["delta"], 1.0 / j_b, k)
 
     spent = privsgp_vr_budget(
@@ -427,6 +429,7 @@ def _budget_run(
         "sigma": sigma,
         "gamma": gamma,
         "final": res["final"],
+        "curve": res["curve"],
         # what the run's (nominal) sigma certifies: the default figure of `privdl run`
         "accounted": spent.to_dict() | {"label": spent.label()},
         "sigma_poisson_approximation": 3.0 * cfg["clip"] * z,
@@ -476,6 +479,43 @@ def _budget_cells(run: dict[str, Any]) -> list[str]:
     ]
 
 
+def ksweep_curves_plot(path: Path, results: dict[str, Any], *, k_star: float) -> bool:
+    """Fig. 7 in the paper's form: training loss and test accuracy against the iteration, one
+    curve per K (K* drawn thicker). Needs each run's ``curve`` with more than its start and end
+    point (preset key ``curve_points``); returns False and draws nothing otherwise."""
+    runs = [r for r in results.values() if len(r.get("curve", [])) > 2]
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
+    for r in runs:
+        ks = [p["k"] for p in r["curve"]]
+        star = r["K"] == round(k_star)
+        style = {
+            "linewidth": 2.2 if star else 1.2,
+            "label": f"K = {r['K']}" + (" (K*)" if star else ""),
+        }
+        axes[0].plot(ks, [p["loss"] for p in r["curve"]], **style)
+        axes[1].plot(ks, [p["accuracy"] for p in r["curve"]], **style)
+    axes[0].set_ylabel("training loss", fontsize=LABEL_SIZE)
+    axes[1].set_ylabel("test accuracy", fontsize=LABEL_SIZE)
+    for ax in axes:
+        ax.set_xlabel("iteration k", fontsize=LABEL_SIZE)
+        ax.grid(alpha=0.3)
+    legend_outside(axes[1])
+    fig.suptitle(
+        f"Fig 7: PrivSGP-VR at a fixed budget, K around K* = {k_star:g}", fontsize=TITLE_SIZE
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 # --------------------------------------------------------------------------- Fig 7: K sweep
 @_single_threaded
 def run_ksweep(
@@ -513,6 +553,9 @@ def run_ksweep(
         ylabel="test accuracy",
         title=f"Fig 7: accuracy vs K (K* = {k_star})",
     )
+    figures = ["![ksweep](ksweep_accuracy.png)"]
+    if ksweep_curves_plot(out_dir / "ksweep_curves.png", results, k_star=k_star):
+        figures.append("![ksweep curves](ksweep_curves.png)")
     losses = [results[k]["final"]["loss"] for k in ks]
     best_loss = min(range(len(ks)), key=losses.__getitem__)
     checks = {
@@ -541,7 +584,7 @@ def run_ksweep(
         f"Ours: n = {n}, budget ({top['epsilon']:g}, {top['delta']:g}) per node. "
         + _BUDGET_NOTE.format(eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"),
         "",
-        "![ksweep](ksweep_accuracy.png)",
+        " ".join(figures),
     ]
     return _finish(
         out_dir,
