@@ -78,6 +78,25 @@ def test_committed_robust_hdp_figure_redraws_from_its_summary(figures, tmp_path)
     assert fig.axes[0].get_ylim()[0] == 0.0
 
 
+def test_robust_hdp_bars_carry_the_std_over_seeds_where_there_are_several(
+    figures, tmp_path
+) -> None:
+    cell = {"accuracy": 90.0, "accuracy_seeds": [89.0, 91.0], "accuracy_std": 1.0}
+    paper = {"robust-hdp": [89.83] * 9}
+    robust_hdp._plot_table(
+        tmp_path / "a.png", results={"robust-hdp": {"Dist1": cell}}, paper=paper,
+        methods=["robust-hdp"], dists=["Dist1"],
+    )  # fmt: skip
+    (fig,) = figures
+    ax = fig.axes[0]
+    caps = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(caps) == 1
+    (segments,) = caps[0].lines[2]
+    (low, high) = segments.get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((89.0, 91.0))
+    assert "std over seeds" in ax.get_ylabel()
+
+
 def test_positive_x_drops_round_zero_and_nothing_else() -> None:
     x, y = positive_x([0, 10, 20], [3.0, 2.0, 1.0])
     assert list(x) == [10.0, 20.0] and list(y) == [2.0, 1.0]

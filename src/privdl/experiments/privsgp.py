@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from privdl.accounting import privsgp_optimal_steps, privsgp_plan
@@ -36,7 +37,13 @@ from privdl.data import load_dataset
 from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
-from privdl.experiments.figures import LABEL_SIZE, TITLE_SIZE, legend_outside
+from privdl.experiments.figures import (
+    LABEL_SIZE,
+    LEGEND_SIZE,
+    TITLE_SIZE,
+    legend_outside,
+    wrap_title,
+)
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, ring
 from privdl.topology.timevarying import ExponentialGraph
@@ -182,14 +189,25 @@ def _plot(path: Path, series: list[dict], *, xlabel: str, ylabel: str, title: st
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for s in series:
-        ax.plot(s["x"], s["y"], marker="o", label=s["label"])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+        (line,) = ax.plot(s["x"], s["y"], marker="o", markersize=3, label=s["label"])
+        if s.get("std") is not None:  # mean +- std over the seeds, as a band
+            y, sd = np.asarray(s["y"], dtype=float), np.asarray(s["std"], dtype=float)
+            ax.fill_between(s["x"], y - sd, y + sd, color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    wrap_title(fig, ax, title, fontsize=TITLE_SIZE + 1)
+    ax.legend(fontsize=LEGEND_SIZE)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _seed_std(curves: list[list[dict[str, float]]], metric: str) -> list[float] | None:
+    """The sample std over seeds (ddof 1) of ``metric`` at each point of the curves; None for
+    one seed (no band to draw)."""
+    if len(curves) < 2:
+        return None
+    return np.std([[p[metric] for p in c] for c in curves], axis=0, ddof=1).tolist()
 
 
 def _cfg(name: str, quick: bool, overrides: dict[str, str] | None = None) -> tuple[dict, dict]:
@@ -799,6 +817,8 @@ def run_vr(
             },
             "seeds": n_seeds,
             "final_loss_per_seed": [r["final"]["loss"] for r in per_seed],
+            # every seed's curve, so the figure's band (and any later one) comes from the data
+            "curve_per_seed": [r["curve"] for r in per_seed],
         }
     for metric in ("loss", "accuracy"):
         _plot(
@@ -808,12 +828,14 @@ def run_vr(
                     "label": nm,
                     "x": [p["k"] for p in r["curve"]],
                     "y": [p[metric] for p in r["curve"]],
+                    "std": _seed_std(r["curve_per_seed"], metric),
                 }
                 for nm, r in results.items()
             ],
             xlabel="iteration",
             ylabel=metric,
-            title="Figs 9-10 (sigma^2 = 0.01)",
+            title="Figs 9-10 (sigma^2 = 0.01)"
+            + (f", mean +- std over {n_seeds} seeds" if n_seeds > 1 else ""),
         )
 
     def mean_loss(name: str) -> float:  # area under the loss curve (after k = 0)

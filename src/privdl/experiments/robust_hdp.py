@@ -46,11 +46,13 @@ def _plot(
     ylabel: str,
     log: bool = False,
     paper: dict[str, list[float]] | None = None,
+    errors: dict[str, list[float]] | None = None,
 ) -> None:
     """Grouped bars, one group per label, in the form of the paper's bar charts: a linear y
     axis from 0 (a bar's height is its value) and the legend outside the bars. ``paper`` (same
-    keys as ``series``) adds the paper's value on each bar as a black tick; the table beside the
-    figure gives the point differences the bars cannot show."""
+    keys as ``series``) adds the paper's value on each bar as a black tick; ``errors`` (same
+    keys) the std over seeds as error bars. The table beside the figure gives the point
+    differences the bars cannot show."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,8 +63,11 @@ def _plot(
     seen: list[float] = []
     for j, (name, vals) in enumerate(series.items()):
         x = np.arange(len(labels)) + j * width
-        ax.bar(x, vals, width, label=name)
-        seen += vals
+        err = (errors or {}).get(name)
+        ax.bar(x, vals, width, label=name, yerr=err, capsize=2 if err else 0)
+        seen += [
+            v + (e if err else 0.0) for v, e in zip(vals, err or [0.0] * len(vals), strict=True)
+        ]
         if paper and name in paper:
             ax.scatter(
                 x, paper[name], marker="_", s=300, color="black", zorder=3,
@@ -425,12 +430,24 @@ def _plot_table(
     series = {
         m: [results.get(m, {}).get(d, {}).get("accuracy", nan) for d in dists] for m in methods
     }
+    several = any(
+        len(r.get("accuracy_seeds", [])) > 1 for m in results.values() for r in m.values()
+    )
+    errors = (
+        {
+            m: [results.get(m, {}).get(d, {}).get("accuracy_std", 0.0) for d in dists]
+            for m in methods
+        }
+        if several
+        else None
+    )
     _plot(
         path,
         series,
         dists,
-        ylabel="avg client test acc %",
+        ylabel="avg client test acc %" + (" (bars: mean +- std over seeds)" if several else ""),
         paper={m: [paper[m][int(d[4:]) - 1] for d in dists] for m in methods},
+        errors=errors,
     )
 
 
