@@ -470,12 +470,18 @@ _BUDGET_NOTE = (
     "(RDP at sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; docs/privsgp-vr.md), "
     "which no theorem certifies: the SAGA mean touches every sample. The certified column is "
     "the noise "
-    "`privdl run privsgp-vr` calibrates to for the same budget (RDP of K Gaussian steps, no "
-    "subsampling amplification, replace-one sensitivity (4 - 2/J_b) G / B, classic "
-    "conversion). The nominal noise is far below both. The accounted column is the epsilon "
+    "`privdl run privsgp-vr` calibrates to for the same budget (K Gaussian steps, no "
+    "subsampling amplification, replace-one sensitivity (4 - 2/J_b) G / B, accountant "
+    "{accountant}). The nominal noise is far below both. The accounted column is the epsilon "
     "that analysis certifies for the noise the run actually used (delta as above, replace-one, "
-    "example level, threat model ldp, accountant gaussian-rdp+classic)."
+    "example level, threat model ldp, accountant {accountant})."
 )
+
+
+def _accountant_of(results: dict[str, Any]) -> str:
+    """The accountant the runs' ``accounted`` records name ('/'-joined if they differ)."""
+    names = sorted({r["accounted"]["accountant"] for r in results.values() if "accounted" in r})
+    return " / ".join(names) or "none"
 
 
 def _nominal_budget(epsilon: float, delta: float) -> dict[str, Any]:
@@ -600,7 +606,9 @@ def run_ksweep(
         _table(["K", *_BUDGET_HEADER], rows),
         "",
         f"Ours: n = {n}, budget ({top['epsilon']:g}, {top['delta']:g}) per node. "
-        + _BUDGET_NOTE.format(eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"),
+        + _BUDGET_NOTE.format(
+            eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}", accountant=_accountant_of(results)
+        ),
         "",
         " ".join(figures),
     ]
@@ -726,7 +734,13 @@ def _eps_outputs(
         "(our reading of the figure; the paper does not state it, so it is not a "
         "check).",
         "",
-        _BUDGET_NOTE.format(eps="eps", delta=f"{top['delta']:g}"),
+        _BUDGET_NOTE.format(
+            eps="eps",
+            delta=f"{top['delta']:g}",
+            accountant=_accountant_of(
+                {f"{e}/{r}": v for e in eps for r, v in results[e]["runs"].items()}
+            ),
+        ),
         "",
         "![eps](eps_accuracy.png)",
     ]
