@@ -16,6 +16,8 @@ only records the metrics the paper plots.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ from privdl.experiments import Reproduction, apply_overrides, load_preset, write
 from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, wrap_title
 from privdl.loop import build_run
 from privdl.privacy import decor_pair_for_step_rdp
+from privdl.records import write_json_atomic
 from privdl.registry import make_config
 from privdl.topology import parse_graph
 
@@ -125,6 +128,43 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
     return out
 
 
+class RunCells:
+    """Finished runs of a DECOR grid, one JSON file each under ``out_dir/cells`` (named by a hash
+    of the run's full configuration, which the file also keeps), so ``privdl reproduce NAME
+    --resume`` continues a grid that was cut off and trains only the runs it had not finished.
+
+    Without ``resume`` a folder that already holds cells is refused (nothing is overwritten). A
+    cell keeps the run's JSON results (the keys not starting with ``_``).
+    """
+
+    def __init__(self, out_dir: Path, *, resume: bool) -> None:
+        self.dir = Path(out_dir) / "cells"
+        if not resume and self.dir.is_dir() and any(self.dir.iterdir()):
+            raise ConfigError(
+                f"{out_dir} holds cells of an earlier run: pass --resume to continue it, or "
+                "--out DIR for a new one"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.kept = 0  # cells reused from an earlier run (reported in the summary)
+
+    def path(self, key: dict[str, Any]) -> Path:
+        blob = json.dumps(key, sort_keys=True, default=str).encode()
+        return self.dir / f"{hashlib.sha256(blob).hexdigest()[:20]}.json"
+
+    def run(self, key: dict[str, Any], compute) -> dict[str, Any]:
+        """The run's results: from its cell, or ``compute()`` now and saved as a cell."""
+        path = self.path(key)
+        if path.exists():
+            blob = json.loads(path.read_text())
+            if blob.get("key") == json.loads(json.dumps(key, default=str)):
+                self.kept += 1
+                return blob["result"]
+        result = compute()
+        kept = {k: v for k, v in result.items() if not k.startswith("_")}
+        write_json_atomic(path, {"key": key, "result": kept})
+        return kept
+
+
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     a = np.asarray(xs, dtype=float)
     return float(a.mean()), float(a.std())
@@ -205,11 +245,14 @@ def run_fig1a(
     quick: bool,
     data_dir: str | None = None,
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Fig 1a (DECOR s.6.1): optimality gap vs eps for CDP, DECOR and LDP on three topologies."""
+    """Fig 1a (DECOR s.6.1): optimality gap vs eps for CDP, DECOR and LDP on three topologies.
+    Each run is kept as a cell (:class:`RunCells`); ``resume`` reuses the finished ones."""
     p = _preset("decor-fig1a", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out, resume=resume)
     grid = load_preset("decor-fig1a")["epsilons"]
     base = dict(
         task="least-squares",
@@ -242,7 +285,12 @@ def run_fig1a(
                     v = dict(base, algorithm=alg, graph=p["graphs"][topo], seed=seed, **extra)
                     if "sigma_cor" not in extra:
                         v["epsilon"] = float(eps)
-                    runs.append(_simulate(v, window=p["window"], metric=_ls_metric))
+                    runs.append(
+                        cells.run(
+                            {"values": v, "window": p["window"], "metric": "least-squares gap"},
+                            lambda v=v: _simulate(v, window=p["window"], metric=_ls_metric),
+                        )
+                    )
                 gm, gs = _mean_std([r["gap"] for r in runs])
                 lm, ls = _mean_std([r["loss_gap"] for r in runs])
                 results[f"{alg}/{topo}/{tag}/{eps}"] = dict(
@@ -425,7 +473,8 @@ def run_fig1a(
             "LDP; LDP about 20-150x CDP.",
             "## Checks",
             _checks_md(checks),
-            f"Run time: {wall:.0f} s.",
+            f"Run time: {wall:.0f} s"
+            + (f" ({cells.kept} runs kept from an earlier run, --resume)." if cells.kept else "."),
         ]
     )
     summary = {
@@ -435,6 +484,7 @@ def run_fig1a(
         "paper_pairs": paper_rows,
         "checks": checks,
         "wall_s": wall,
+        "cells_kept": cells.kept,
     }
     return write_outputs(out, report_md=md, summary=summary)
 
