@@ -349,3 +349,8 @@ def test_fig1a_cut_off_grid_resumes_with_the_same_numbers(tmp_path, monkeypatch)
     assert len(calls) == 1 and resumed["cells_kept"] == 2
     assert resumed["results"] == whole["results"]
     assert resumed["checks"] == whole["checks"]
+    # the paper pair's check is made under the code's (classic) conversion (here over 100 steps,
+    # so it fails: the code's total 6.11 is for T = 3500)
+    pair = next(c for c in whole["checks"] if c["name"].startswith("paper pair ring eps=5"))
+    assert "classic conversion" in pair["detail"] and "vs code 6.11" in pair["detail"]
+    assert {r["privacy"]["accountant"] for r in whole["results"]} == {"secrdp+classic"}

@@ -95,6 +95,8 @@ def _preset(name: str, quick: bool, overrides: dict[str, str] | None = None) -> 
         off = [e for e in p["epsilons"] if e not in grid]
         if off:
             raise ConfigError(f"{name}: epsilons must come from the paper's grid {grid}; got {off}")
+        if p["accountant"] not in ("rdp", "tightest"):
+            raise ConfigError(f"{name}: accountant must be rdp or tightest, got {p['accountant']!r}")
     return p
 
 
@@ -266,6 +268,7 @@ def run_fig1a(
         data_seed=p["data_seed"],
         dtype="float64",
         adversary="eavesdropper",
+        accountant=p["accountant"],
     )
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
@@ -315,9 +318,14 @@ def run_fig1a(
         for eps in p["epsilons"]:
             k = grid.index(eps)
             s, c = p["paper"]["sigma_cdp"][topo][k], p["paper"]["sigma_cor"][topo][k]
-            acc = account_decor(
-                g, sigma_cdp=s, sigma_cor=c, clip=p["clip"], steps=p["steps"], delta=p["delta"]
-            )
+            acc = account_decor(  # under the runs' accountant (rdp: the classic conversion)
+                g, sigma_cdp=s, sigma_cor=c, clip=p["clip"], steps=p["steps"], delta=p["delta"],
+                conversion="classic" if p["accountant"] == "rdp" else None,
+            )  # fmt: skip
+            classic = account_decor(  # the reference code's conversion (ACC-1): its listed totals
+                g, sigma_cdp=s, sigma_cor=c, clip=p["clip"], steps=p["steps"], delta=p["delta"],
+                conversion="classic",
+            )  # fmt: skip
             ours = results.get(f"decor/{topo}/ours/{eps}", {})
             paper_rows.append(
                 dict(
@@ -326,6 +334,7 @@ def run_fig1a(
                     sigma_cdp=s,
                     sigma_cor_paper=c,
                     epsilon_paper_pair=acc.epsilon,
+                    epsilon_paper_pair_classic=classic.epsilon,
                     privacy=acc.budget.to_dict(),  # the pair's eps with its label
                     epsilon_spec=p["paper"]["epsilon_achieved"][topo][k],
                     sigma_cor_ours=ours.get("sigma_cor"),
@@ -363,9 +372,10 @@ def run_fig1a(
         checks.append(
             dict(
                 name=f"paper pair {row['topology']} eps={row['epsilon']}: ours = the code's value",
-                pass_=abs(row["epsilon_paper_pair"] - row["epsilon_spec"])
+                pass_=abs(row["epsilon_paper_pair_classic"] - row["epsilon_spec"])
                 <= 0.01 + 0.01 * row["epsilon_spec"],
-                detail=f"ours {row['epsilon_paper_pair']:.4g} vs code {row['epsilon_spec']}",
+                detail=f"ours (classic conversion, as the code) {row['epsilon_paper_pair_classic']:.4g}"
+                f" vs code {row['epsilon_spec']}",
             )
         )
     checks = [
@@ -429,7 +439,8 @@ def run_fig1a(
             str(r["epsilon"]),
             f"{r['sigma_cdp']:.4g}",
             f"{r['sigma_cor_paper']:.4g}",
-            f"{r['epsilon_paper_pair']:.4g} (spec {r['epsilon_spec']})",
+            f"{r['epsilon_paper_pair']:.4g} (classic {r['epsilon_paper_pair_classic']:.4g}, "
+            f"code {r['epsilon_spec']})",
             "-" if r["sigma_cor_ours"] is None else f"{r['sigma_cor_ours']:.4g}",
             f"{r['gap_paper']:.4g}",
             "-" if r["gap_ours"] is None else f"{r['gap_ours']:.4g}",
@@ -450,8 +461,17 @@ def run_fig1a(
             _table(head, rows),
             labels_line(results.values()),
             "## The paper's (sigma_cdp, sigma_cor) pairs vs ours",
-            "The paper's pairs overshoot their nominal eps (code tolerance 1e-4 absolute per step): "
-            "'eps target' is the paper's NOMINAL figure for its pair; "
+            (
+                "Under the classic conversion the reference code uses (ACC-1; its listed totals "
+                "in brackets) the paper's pairs overshoot their nominal eps (code tolerance 1e-4 "
+                "absolute per step); "
+                + (
+                    "under this report's accountant they overshoot too. "
+                    if any(r["epsilon_paper_pair"] > r["epsilon"] for r in paper_rows)
+                    else "under this report's accountant they stay within it. "
+                )
+            )
+            + "'eps target' is the paper's NOMINAL figure for its pair; "
             + labels_line(paper_rows)
             .replace("Accounted eps", "the accounted eps of the pair")
             .replace(" (the threat model in brackets).", ", eavesdropper."),
