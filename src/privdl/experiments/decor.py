@@ -96,7 +96,9 @@ def _preset(name: str, quick: bool, overrides: dict[str, str] | None = None) -> 
         if off:
             raise ConfigError(f"{name}: epsilons must come from the paper's grid {grid}; got {off}")
         if p["accountant"] not in ("rdp", "tightest"):
-            raise ConfigError(f"{name}: accountant must be rdp or tightest, got {p['accountant']!r}")
+            raise ConfigError(
+                f"{name}: accountant must be rdp or tightest, got {p['accountant']!r}"
+            )
     return p
 
 
