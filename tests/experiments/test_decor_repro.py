@@ -317,3 +317,40 @@ def test_fig1c_accounted_hyper_default_tuned_and_refused() -> None:
     assert _accounted_hyper(tuned, "decor", "ring", 1.0) == (1.0, 1.0)
     with pytest.raises(ConfigError, match="accounted_hyper"):
         _accounted_hyper(dict(p, accounted_hyper="best"), "cdp", "complete", 1.0)
+
+
+@pytest.mark.slow
+def test_fig1a_cut_off_grid_resumes_with_the_same_numbers(tmp_path, monkeypatch) -> None:
+    """A grid cut off after some runs continues with --resume: only the missing runs train, and
+    the summary equals an uninterrupted run's (issue 34)."""
+    import privdl.experiments.decor as decor_mod
+    from privdl.errors import ConfigError
+
+    opts = dict(
+        quick=True,
+        overrides={"seeds": "1", "epsilons": "5", "topologies": "ring", "steps": "100"},
+    )
+    rep = get("decor-fig1a")
+    whole = rep.run(tmp_path / "whole", **opts)
+    cells = sorted((tmp_path / "whole" / "cells").glob("*.json"))
+    assert len(cells) == 3  # CDP, DECOR, LDP (the quick preset trains no paper pair)
+
+    cut = tmp_path / "cut"
+    (cut / "cells").mkdir(parents=True)
+    for c in cells[:2]:  # the run was cut off before its last run finished
+        (cut / "cells" / c.name).write_text(c.read_text())
+    with pytest.raises(ConfigError, match="--resume"):  # nothing is overwritten silently
+        rep.run(cut, **opts)
+
+    calls = []
+    real = decor_mod._simulate
+    monkeypatch.setattr(decor_mod, "_simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = rep.run(cut, **opts, resume=True)
+    assert len(calls) == 1 and resumed["cells_kept"] == 2
+    assert resumed["results"] == whole["results"]
+    assert resumed["checks"] == whole["checks"]
+    # the paper pair's check is made under the code's (classic) conversion (here over 100 steps,
+    # so it fails: the code's total 6.11 is for T = 3500)
+    pair = next(c for c in whole["checks"] if c["name"].startswith("paper pair ring eps=5"))
+    assert "classic conversion" in pair["detail"] and "vs code 6.11" in pair["detail"]
+    assert {r["privacy"]["accountant"] for r in whole["results"]} == {"secrdp+classic"}

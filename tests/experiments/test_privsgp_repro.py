@@ -56,6 +56,11 @@ def test_vr_reproduction_over_seeds_reports_means_and_paired_differences(tmp_pat
     assert vr["final"]["loss"] == pytest.approx(sum(per_seed) / 2, rel=1e-12)
     diffs = [a - b for a, b in zip(per_seed, sgp["final_loss_per_seed"], strict=True)]
     assert ", ".join(f"{d:+.4f}" for d in diffs) in (tmp_path / "report.md").read_text()
+    # every seed's curve is kept: the mean curve is their mean, the figure's band their spread
+    curves = vr["curve_per_seed"]
+    assert len(curves) == 2 and curves[0][-1]["loss"] == per_seed[0]
+    for i, p in enumerate(vr["curve"]):
+        assert p["loss"] == pytest.approx((curves[0][i]["loss"] + curves[1][i]["loss"]) / 2)
 
 
 def test_quick_cifar_reproduction(tmp_path, capsys):

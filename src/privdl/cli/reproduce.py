@@ -27,7 +27,7 @@ from privdl.records import RunRecords
 @click.option(
     "--resume",
     is_flag=True,
-    help="Keep the finished cells in --out and continue the cut-off one (Robust-HDP tables).",
+    help="Keep the finished cells in --out and continue the cut-off one (Robust-HDP tables, DECOR Fig 1a).",
 )
 @click.option(
     "--set",

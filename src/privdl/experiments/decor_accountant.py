@@ -18,6 +18,7 @@ from privdl.accounting import account_decor, cdp_limit_step_rdp, compose_convert
 from privdl.accounting.conversion import step_rdp_for_epsilon
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.experiments.decor import _checks_md, _table
+from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, wrap_title
 from privdl.privacy import LEGACY_LABEL
 from privdl.topology import parse_graph
 
@@ -46,12 +47,12 @@ def _curve_plot(
         ax.set_xscale("symlog" if np.any(np.asarray(curves[0][1]) == 0) else "log")
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    wrap_title(fig, ax, title)
+    ax.legend(fontsize=LEGEND_SIZE)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
 
 

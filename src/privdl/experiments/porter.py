@@ -18,6 +18,7 @@ Tasks: :class:`NonconvexLogisticTask` (a9a, eq. in PORTER §5.1: logistic loss p
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ from privdl.data import gather_batch, load_dataset, partition_iid, sample_batche
 from privdl.engine.clipping import clip_by_global_norm, clip_factor
 from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, positive_x
 from privdl.mechanisms.compress import RandomK
 from privdl.models import build_model
 from privdl.tasks import step_generator
@@ -500,38 +502,57 @@ PAPER_ORDERINGS = {
 }
 
 
-def _plots(curves: dict[str, Any], out: Path, which: str) -> None:
+def _plots(curves: dict[str, Any], out: Path, which: str) -> list[Path]:
+    """The paper's Figs. 2-3 panels: utility against rounds, utility against bits sent per
+    agent (log axis, so from round 1 on: round 0 has sent 0 bits) and test accuracy against
+    rounds; sized to print at a page's width."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = {
+    groups: dict[str, list[str]] = {
         "dp": [k for k in curves if k.startswith(("PORTER-DP", "SoteriaFL"))],
-        "gc": ["PORTER-GC", "BEER"],
+        "gc": [k for k in ("PORTER-GC", "BEER") if k in curves],
     }
+    paths: list[Path] = []
     for gname, names in groups.items():
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
         for name in names:
             c = curves[name]
             shown = name.replace("eps=", "NOMINAL eps=")  # Theorem 1's claim, not a guarantee
             axes[0].semilogy(c["round"], c["utility_avg"], label=shown)
-            axes[1].semilogy(np.asarray(c["bits"]) + 1, c["utility_avg"], label=shown)
+            bits, util = positive_x(c["bits"], c["utility_avg"])
+            axes[1].loglog(bits, util, label=shown)
             axes[2].plot(c["round"], c["accuracy"], label=shown)
-        axes[0].set(xlabel="communication rounds", ylabel="train utility (running avg)")
-        axes[1].set(xlabel="bits sent per agent", ylabel="train utility (running avg)")
-        axes[1].set_xscale("log")
-        axes[2].set(xlabel="communication rounds", ylabel="test accuracy")
-        axes[2].legend(fontsize=7)
-        fig.suptitle(
+        axes[0].set_xlabel("communication rounds", fontsize=LABEL_SIZE)
+        axes[0].set_ylabel("train utility (running avg)", fontsize=LABEL_SIZE)
+        axes[1].set_xlabel("bits sent per agent (from round 1)", fontsize=LABEL_SIZE)
+        axes[1].set_ylabel("train utility (running avg)", fontsize=LABEL_SIZE)
+        axes[2].set_xlabel("communication rounds", fontsize=LABEL_SIZE)
+        axes[2].set_ylabel("test accuracy", fontsize=LABEL_SIZE)
+        axes[2].legend(fontsize=LEGEND_SIZE)
+        title = (
             f"porter-{which}: PORTER-DP vs SoteriaFL-SGD at Theorem 1's sigma_p for a NOMINAL "
             "eps (what it really spends: report.md)"
             if gname == "dp"
             else f"porter-{which}: PORTER-GC vs BEER"
         )
+        fig.suptitle(title, fontsize=TITLE_SIZE + 1)
         fig.tight_layout()
-        fig.savefig(out / f"{which}_{gname}.png", dpi=90)
+        path = out / f"{which}_{gname}.png"
+        fig.savefig(path, dpi=150)
         plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def replot(out_dir: Path) -> list[Path]:
+    """Redraw a finished run's figures from the curves its ``summary.json`` keeps (no
+    training): the committed results' figures in the current form."""
+    s = json.loads((Path(out_dir) / "summary.json").read_text())
+    which = str(s["reproduction"]).removeprefix("porter-")
+    return _plots(s["curves"], Path(out_dir), which)
 
 
 def _accountants(s: dict[str, Any], field: str) -> str:

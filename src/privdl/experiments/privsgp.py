@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from privdl.accounting import privsgp_optimal_steps, privsgp_plan
@@ -36,6 +37,13 @@ from privdl.data import load_dataset
 from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.experiments.figures import (
+    LABEL_SIZE,
+    LEGEND_SIZE,
+    TITLE_SIZE,
+    legend_outside,
+    wrap_title,
+)
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, ring
 from privdl.topology.timevarying import ExponentialGraph
@@ -181,14 +189,25 @@ def _plot(path: Path, series: list[dict], *, xlabel: str, ylabel: str, title: st
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for s in series:
-        ax.plot(s["x"], s["y"], marker="o", label=s["label"])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+        (line,) = ax.plot(s["x"], s["y"], marker="o", markersize=3, label=s["label"])
+        if s.get("std") is not None:  # mean +- std over the seeds, as a band
+            y, sd = np.asarray(s["y"], dtype=float), np.asarray(s["std"], dtype=float)
+            ax.fill_between(s["x"], y - sd, y + sd, color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    wrap_title(fig, ax, title, fontsize=TITLE_SIZE + 1)
+    ax.legend(fontsize=LEGEND_SIZE)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _seed_std(curves: list[list[dict[str, float]]], metric: str) -> list[float] | None:
+    """The sample std over seeds (ddof 1) of ``metric`` at each point of the curves; None for
+    one seed (no band to draw)."""
+    if len(curves) < 2:
+        return None
+    return np.std([[p[metric] for p in c] for c in curves], axis=0, ddof=1).tolist()
 
 
 def _cfg(name: str, quick: bool, overrides: dict[str, str] | None = None) -> tuple[dict, dict]:
@@ -410,12 +429,14 @@ def _budget_run(
     model, x, y, train, test, comm = data
     gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
-    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=1)
+    points = int(cfg.get("curve_points", 1))  # evaluations along the run (no effect on it)
+    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=points)
     return {
         "K": k,
         "sigma": sigma,
         "gamma": gamma,
         "final": res["final"],
+        "curve": res["curve"],
         **_budget_accounting(k, sigma, eps, top=top, cfg=cfg, j_b=j_b),
     }
 
@@ -503,6 +524,43 @@ def _budget_cells(run: dict[str, Any]) -> list[str]:
     ]
 
 
+def ksweep_curves_plot(path: Path, results: dict[str, Any], *, k_star: float) -> bool:
+    """Fig. 7 in the paper's form: training loss and test accuracy against the iteration, one
+    curve per K (K* drawn thicker). Needs each run's ``curve`` with more than its start and end
+    point (preset key ``curve_points``); returns False and draws nothing otherwise."""
+    runs = [r for r in results.values() if len(r.get("curve", [])) > 2]
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
+    for r in runs:
+        ks = [p["k"] for p in r["curve"]]
+        star = r["K"] == round(k_star)
+        style = {
+            "linewidth": 2.2 if star else 1.2,
+            "label": f"K = {r['K']}" + (" (K*)" if star else ""),
+        }
+        axes[0].plot(ks, [p["loss"] for p in r["curve"]], **style)
+        axes[1].plot(ks, [p["accuracy"] for p in r["curve"]], **style)
+    axes[0].set_ylabel("training loss", fontsize=LABEL_SIZE)
+    axes[1].set_ylabel("test accuracy", fontsize=LABEL_SIZE)
+    for ax in axes:
+        ax.set_xlabel("iteration k", fontsize=LABEL_SIZE)
+        ax.grid(alpha=0.3)
+    legend_outside(axes[1])
+    fig.suptitle(
+        f"Fig 7: PrivSGP-VR at a fixed budget, K around K* = {k_star:g}", fontsize=TITLE_SIZE
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 # --------------------------------------------------------------------------- Fig 7: K sweep
 @_single_threaded
 def run_ksweep(
@@ -548,6 +606,9 @@ def _ksweep_outputs(
         ylabel="test accuracy",
         title=f"Fig 7: accuracy vs K (K* = {k_star})",
     )
+    figures = ["![ksweep](ksweep_accuracy.png)"]
+    if ksweep_curves_plot(out_dir / "ksweep_curves.png", results, k_star=k_star):
+        figures.append("![ksweep curves](ksweep_curves.png)")
     losses = [results[k]["final"]["loss"] for k in ks]
     best_loss = min(range(len(ks)), key=losses.__getitem__)
     checks = {
@@ -578,7 +639,7 @@ def _ksweep_outputs(
             list(results.values()), eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"
         ),
         "",
-        "![ksweep](ksweep_accuracy.png)",
+        " ".join(figures),
     ]
     return _finish(
         out_dir,
@@ -797,6 +858,8 @@ def run_vr(
             },
             "seeds": n_seeds,
             "final_loss_per_seed": [r["final"]["loss"] for r in per_seed],
+            # every seed's curve, so the figure's band (and any later one) comes from the data
+            "curve_per_seed": [r["curve"] for r in per_seed],
         }
     for metric in ("loss", "accuracy"):
         _plot(
@@ -806,12 +869,14 @@ def run_vr(
                     "label": nm,
                     "x": [p["k"] for p in r["curve"]],
                     "y": [p[metric] for p in r["curve"]],
+                    "std": _seed_std(r["curve_per_seed"], metric),
                 }
                 for nm, r in results.items()
             ],
             xlabel="iteration",
             ylabel=metric,
-            title="Figs 9-10 (sigma^2 = 0.01)",
+            title="Figs 9-10 (sigma^2 = 0.01)"
+            + (f", mean +- std over {n_seeds} seeds" if n_seeds > 1 else ""),
         )
 
     def mean_loss(name: str) -> float:  # area under the loss curve (after k = 0)

@@ -28,6 +28,7 @@ from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.experiments.figures import LABEL_SIZE, bars_from_zero, legend_outside
 from privdl.models import build_model
 from privdl.records import load_torch_safe, plain_data, save_torch_atomic, write_json_atomic
 from privdl.robust import RPCANotConvergedWarning
@@ -45,39 +46,43 @@ def _plot(
     ylabel: str,
     log: bool = False,
     paper: dict[str, list[float]] | None = None,
+    errors: dict[str, list[float]] | None = None,
 ) -> None:
-    """Grouped bars, one group per label; ``paper`` (same keys as ``series``) adds the paper's
-    value on each bar as a black tick, and a non-log axis then starts near the smallest value,
-    so differences of a point or two show."""
+    """Grouped bars, one group per label, in the form of the paper's bar charts: a linear y
+    axis from 0 (a bar's height is its value) and the legend outside the bars. ``paper`` (same
+    keys as ``series``) adds the paper's value on each bar as a black tick; ``errors`` (same
+    keys) the std over seeds as error bars. The table beside the figure gives the point
+    differences the bars cannot show."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(labels) + 2.5), 3.2))
     width = 0.8 / max(1, len(series))
     seen: list[float] = []
     for j, (name, vals) in enumerate(series.items()):
         x = np.arange(len(labels)) + j * width
-        ax.bar(x, vals, width, label=name)
-        seen += vals
+        err = (errors or {}).get(name)
+        ax.bar(x, vals, width, label=name, yerr=err, capsize=2 if err else 0)
+        seen += [
+            v + (e if err else 0.0) for v, e in zip(vals, err or [0.0] * len(vals), strict=True)
+        ]
         if paper and name in paper:
             ax.scatter(
                 x, paper[name], marker="_", s=300, color="black", zorder=3,
                 label="paper" if j == 0 else None,
             )  # fmt: skip
             seen += paper[name]
-    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
-    ax.set_ylabel(ylabel)
+    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, fontsize=LABEL_SIZE)
+    ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
     if log:
         ax.set_yscale("log")
-    elif paper:
-        finite = [v for v in seen if np.isfinite(v)]
-        if finite:
-            ax.set_ylim(max(0.0, min(finite) - 10.0), max(finite) + 2.0)
-    ax.legend(fontsize=7)
+    else:
+        bars_from_zero(ax, seen)
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -495,6 +500,51 @@ def table_checks(
     return checks
 
 
+def _plot_table(
+    path: Path,
+    *,
+    results: dict[str, dict[str, dict[str, Any]]],
+    paper: dict[str, list[float]],
+    methods: list[str],
+    dists: list[str],
+) -> None:
+    """Table 12-14's accuracies as bars (a cell not run is a gap), the paper's as ticks."""
+    nan = float("nan")
+    series = {
+        m: [results.get(m, {}).get(d, {}).get("accuracy", nan) for d in dists] for m in methods
+    }
+    several = any(
+        len(r.get("accuracy_seeds", [])) > 1 for m in results.values() for r in m.values()
+    )
+    errors = (
+        {
+            m: [results.get(m, {}).get(d, {}).get("accuracy_std", 0.0) for d in dists]
+            for m in methods
+        }
+        if several
+        else None
+    )
+    _plot(
+        path,
+        series,
+        dists,
+        ylabel="avg client test acc %" + (" (bars: mean +- std over seeds)" if several else ""),
+        paper={m: [paper[m][int(d[4:]) - 1] for d in dists] for m in methods},
+        errors=errors,
+    )
+
+
+def replot_table(out_dir: Path) -> Path:
+    """Redraw ``accuracy.png`` of a finished (or partial) table from its ``summary.json``: the
+    committed results' figure in the current form, without training."""
+    s = json.loads((Path(out_dir) / "summary.json").read_text())
+    path = Path(out_dir) / "accuracy.png"
+    _plot_table(
+        path, results=s["results"], paper=s["paper"], methods=s["methods"], dists=s["dists"]
+    )
+    return path
+
+
 def _write_table(
     out_dir: Path,
     *,
@@ -511,16 +561,8 @@ def _write_table(
     paper = pre["paper"]
     checks = table_checks(results, paper, dists, quick=quick)
     out_dir.mkdir(parents=True, exist_ok=True)
-    nan = float("nan")
-    series = {
-        m: [results.get(m, {}).get(d, {}).get("accuracy", nan) for d in dists] for m in methods
-    }
-    _plot(
-        out_dir / "accuracy.png",
-        series,
-        dists,
-        ylabel="avg client test acc %",
-        paper={m: [paper[m][int(d[4:]) - 1] for d in dists] for m in methods},
+    _plot_table(
+        out_dir / "accuracy.png", results=results, paper=paper, methods=methods, dists=dists
     )
     rows = []
     for m in methods:
