@@ -5,7 +5,10 @@
   larger, as the skip claims), and where it is handed a kept step;
 * where RDP is the tightest, it equals dp-accounting's RDP accountant called directly;
 * privdl's bucketed evaluation of the integer-order RDP series equals the dense evaluation on the
-  full ``orders x (max order + 1)`` grid to the last bit.
+  full ``orders x (max order + 1)`` grid to the last bit;
+* DECOR's SecRDP step on graphs the cyclic shift maps onto itself (item 4): the closed form for
+  the eavesdropper and the colluding sets through vertex 0 equal the full computation, and the
+  closed form equals a dense inverse.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 
 import dp_accounting as dpa
+import networkx as nx
 import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant as pld_lib
@@ -20,9 +24,11 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy.special import gammaln, logsumexp
 
 from privdl.accounting import poisson_rdp
+from privdl.accounting._graph import edge_array, shift_invariant
 from privdl.accounting.dpsgd import dpsgd_budget
 from privdl.accounting.events import SubsampledGaussianEvent
 from privdl.accounting.rdp_pld import RDP_ORDERS, PoissonStepCache, pld_round_off_mass
+from privdl.accounting.secrdp import circulant_inverse_diagonal, decor_step_rdp
 from privdl.accounting.tightest import SHARED_STEPS, tightest_epsilon
 
 
@@ -120,3 +126,38 @@ def test_bucketed_integer_series_equals_the_dense_grid_to_the_last_bit(orders):
     fast = poisson_rdp._rdp_integer(q, z, orders)
     dense = _dense_integer_rdp(q, z, orders)
     assert np.array_equal(fast, dense, equal_nan=True)
+
+
+# ------------------------------------------------------------ DECOR on circulant graphs at scale
+def _ring_like_graphs():
+    return [nx.cycle_graph(30), nx.circulant_graph(31, [1, 3]), nx.complete_graph(9)]
+
+
+def test_shift_invariance_is_recognised_and_only_where_it_holds():
+    for g in _ring_like_graphs():
+        assert shift_invariant(*edge_array(g))
+    perm = np.random.default_rng(0).permutation(30)
+    relabelled = nx.relabel_nodes(nx.cycle_graph(30), dict(enumerate(perm.tolist())))
+    for g in (nx.path_graph(30), relabelled, nx.random_regular_graph(4, 30, seed=0)):
+        assert not shift_invariant(*edge_array(g))
+
+
+@pytest.mark.parametrize("adversary", ["eavesdropper", "curious", "collusion:2"])
+def test_circulant_shortcuts_equal_the_full_computation(adversary):
+    for g in _ring_like_graphs():
+        kw = dict(sigma_cdp=1.0, sigma_cor=7.0, adversary=adversary)
+        full = decor_step_rdp(g, method="sparse-selinv", **kw)  # type: ignore[arg-type]
+        fast = decor_step_rdp(g, dense_limit=0, symmetry_min_nodes=0, **kw)  # type: ignore[arg-type]
+        assert fast.method in ("circulant", "sparse-selinv+cyclic-symmetry")
+        assert fast.step_rdp == pytest.approx(full.step_rdp, rel=1e-12)
+        assert fast.disconnected == full.disconnected
+
+
+def test_circulant_diagonal_equals_a_dense_inverse():
+    for g in _ring_like_graphs():
+        n, edges = edge_array(g)
+        for ratio in (0.1, 10.0, 1e3):
+            sigma = np.eye(n) + ratio**2 * nx.laplacian_matrix(g, nodelist=range(n)).toarray()
+            oracle = np.diag(np.linalg.inv(sigma))
+            got = circulant_inverse_diagonal(n, edges, 1.0, ratio)
+            assert np.allclose(oracle, got, rtol=1e-9, atol=0)
