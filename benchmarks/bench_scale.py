@@ -8,6 +8,12 @@ called in turn, and the set-up (graph, keys, first step). Stops at the first n t
 (out of memory) or whose set-up exceeds ``--max-setup`` seconds, and says so.
 
     python benchmarks/bench_scale.py --device cuda --sizes 16,64,256,1024,4096,16384,65536
+
+``--accountant N`` times only the SecRDP accountant's build (DECOR's per-step epsilon) on a ring
+of N nodes, eavesdropper and curious users (issue 37, item 4): a ring is circulant, so the
+eavesdropper's value is one closed form and Algorithm 3 needs only the deletions through vertex
+0 (``privdl.accounting.secrdp.SYMMETRY_MIN_NODES``); ``--regular`` adds a random 6-regular graph
+(no symmetry: the sparse selected inverse, whose fill-in on an expander grows fast with N).
 """
 
 from __future__ import annotations
@@ -93,8 +99,34 @@ def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str
     return out
 
 
+def bench_accountant(n: int, *, regular: bool) -> None:
+    import networkx as nx
+
+    from privdl.accounting.secrdp import decor_step_rdp
+
+    graphs = [("ring", nx.cycle_graph(n))]
+    if regular:
+        graphs.append(("random 6-regular", nx.random_regular_graph(6, n, seed=0)))
+    for name, graph in graphs:
+        for adversary in ("eavesdropper", "curious"):
+            if name != "ring" and adversary == "curious":
+                continue  # n sparse factorizations of an expander: out of reach
+            t0 = time.perf_counter()
+            step = decor_step_rdp(graph, sigma_cdp=1.0, sigma_cor=10.0, adversary=adversary)
+            row = {
+                "graph": f"{name} n={n}",
+                "adversary": adversary,
+                "build_s": time.perf_counter() - t0,
+                "step_rdp": step.step_rdp,
+                "method": step.method,
+            }
+            print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--accountant", type=int, default=0, help="only the accountant, N nodes")
+    ap.add_argument("--regular", action="store_true", help="with --accountant: 6-regular too")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sizes", default="16,64,256,1024,4096")
     ap.add_argument("--batch", type=int, default=8)
@@ -102,6 +134,9 @@ def main() -> None:
     ap.add_argument("--max-setup", type=float, default=120.0, help="stop after a slower set-up")
     add_run_flags(ap)
     args = ap.parse_args()
+    if args.accountant:
+        bench_accountant(args.accountant, regular=args.regular)
+        return
     tuned = apply_run_flags(args)
     device = torch.device(args.device)
     res: dict[str, object] = {

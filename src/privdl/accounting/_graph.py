@@ -37,6 +37,20 @@ def edge_array(graph: nx.Graph) -> tuple[int, np.ndarray]:
     return n, edges
 
 
+def shift_invariant(n: int, edges: np.ndarray) -> bool:
+    """True when the cyclic shift ``i -> i + 1 (mod n)`` maps the edge set onto itself: the graph
+    is circulant in its labelling (a ring, a complete graph, ``C_n(1, 2)``, ...). The shifts are
+    then automorphisms acting transitively on the vertices, so any vertex set can be moved to one
+    containing vertex 0 without changing what the accountant computes on it. O(m log m)."""
+    if n <= 1:
+        return True
+    e = np.sort(edges, axis=1)
+    shifted = np.sort((edges + 1) % n, axis=1)
+    return bool(
+        np.array_equal(np.sort(e[:, 0] * n + e[:, 1]), np.sort(shifted[:, 0] * n + shifted[:, 1]))
+    )
+
+
 def laplacian(n: int, edges: np.ndarray, keep: np.ndarray | None = None) -> sp.csr_matrix:
     """Laplacian of the graph induced on ``keep`` (a boolean mask; None = all nodes).
 

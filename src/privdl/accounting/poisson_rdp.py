@@ -35,21 +35,54 @@ def _rdp_integer(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray
     a sum of non-negative terms (the binomial weights sum to one): full relative precision even
     when A_a - 1 is below rounding of A_a (tiny q/z), where log(sum) gives noise, zero or a
     negative value (and an epsilon of 0 downstream).
+
+    The terms are evaluated only at the ``2 <= k <= a`` pairs (a few percent of the
+    ``orders x (max order + 1)`` grid when the orders reach 4096), their log-binomials looked up
+    in one table of ``log j!``. The sum over ``k`` is taken as a dense evaluation on that grid
+    (``-inf`` elsewhere) takes it, to the last bit: numpy sums a row longer than 128 pairwise,
+    splitting it at half its length rounded down to a multiple of 8, down to a first block of
+    at most 128 (:func:`_first_block`); a row whose terms all lie in that block has the sum of
+    the block alone (the rest adds exact zeros). So the orders below the block's length are
+    summed on it, and the others on the full width: ~10x less work at privdl's orders.
     """
-    k = np.arange(int(orders.max()) + 1)[None, None, :]
-    a = orders[None, :, None]
-    qq, zz = q[:, None, None], z[:, None, None]
-    valid = (k <= a) & (k >= 2)
-    x = (k * k - k) / (2 * zz**2)
+    width = int(orders.max()) + 1
+    k_all = np.arange(width)
+    qq, zz = q[:, None], z[:, None]
+    x = (k_all[None, :] * k_all[None, :] - k_all[None, :]) / (2 * zz**2)  # (nq, width)
     with np.errstate(divide="ignore"):  # k < 2 and underflowed exponents drop out as -inf
         log_expm1 = np.where(x > 20.0, x + np.log1p(-np.exp(-np.minimum(x, 700.0))), 0.0)
         log_expm1 = np.where(x > 20.0, log_expm1, np.log(np.expm1(np.minimum(x, 20.0))))
-    log_term = (
-        gammaln(a + 1) - gammaln(k + 1) - gammaln(np.where(valid, a - k, 0) + 1)
-        + k * np.log(qq) + (a - k) * np.log1p(-qq) + log_expm1
-    )  # fmt: skip
-    log_a_minus_1 = logsumexp(np.where(valid, log_term, -np.inf), axis=2)
-    return np.logaddexp(0.0, log_a_minus_1) / (orders[None, :] - 1)
+    log_fact = gammaln(k_all + 1.0)  # log j! for j = 0 .. max order
+    log_q, log_1mq = np.log(qq), np.log1p(-qq)
+    out = np.empty((len(q), len(orders)))
+    block = _first_block(width)
+    small = orders.astype(np.int64) < block
+    for cols, row_width in ((np.flatnonzero(small), block), (np.flatnonzero(~small), width)):
+        if not len(cols):
+            continue
+        sub = orders[cols]
+        counts = np.maximum(sub.astype(np.int64) - 1, 0)  # k = 2..a for each order
+        row = np.repeat(np.arange(len(sub)), counts)
+        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + 2
+        a = sub[row]
+        a_int = a.astype(np.int64)
+        log_term = (
+            log_fact[a_int] - log_fact[k] - log_fact[a_int - k]
+            + k * log_q + (a - k) * log_1mq + log_expm1[:, k]
+        )  # fmt: skip
+        dense = np.full((len(q), len(sub), row_width), -np.inf)
+        dense[:, row, k] = log_term
+        out[:, cols] = logsumexp(dense, axis=2)
+    return np.logaddexp(0.0, out) / (orders[None, :] - 1)
+
+
+def _first_block(width: int) -> int:
+    """The length of the first block numpy's pairwise summation sums on its own in a row of
+    ``width`` (halving, rounded down to a multiple of 8, while longer than 128)."""
+    while width > 128:
+        half = width // 2
+        width = half - half % 8
+    return width
 
 
 def _rdp_fractional(q: np.ndarray, z: np.ndarray, orders: np.ndarray) -> np.ndarray:

@@ -46,7 +46,12 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from privdl.accounting._graph import algebraic_connectivity, edge_array, laplacian
+from privdl.accounting._graph import (
+    algebraic_connectivity,
+    edge_array,
+    laplacian,
+    shift_invariant,
+)
 from privdl.accounting._sigma_inverse import (
     deletion_maxima,
     sigma_inverse_diagonal,
@@ -57,6 +62,12 @@ from privdl.errors import PrivacyError
 MAX_SUBSETS = 100_000
 #: Largest n handled with dense linear algebra by ``method="auto"``.
 DENSE_LIMIT = 2000
+#: From this many nodes the sparse path of Algorithm 3 (q >= 1) enumerates only the colluding
+#: sets that contain vertex 0 when the graph is circulant in its labelling (a ring: n times
+#: fewer sets; :func:`~privdl.accounting._graph.shift_invariant`). Below it every set is
+#: enumerated, as before (the same numbers to the last bit: symmetric sets agree only up to
+#: rounding).
+SYMMETRY_MIN_NODES = 20_000
 
 
 class PrivacyWarning(UserWarning):
@@ -150,6 +161,7 @@ def decor_step_rdp(
     max_subsets: int = MAX_SUBSETS,
     force: bool = False,
     dense_limit: int = DENSE_LIMIT,
+    symmetry_min_nodes: int = SYMMETRY_MIN_NODES,
 ) -> SecRdpStep:
     """Per-step SecRDP slope eps_step of DECOR (Alg 2 for q = 0, Alg 3 for q >= 1).
 
@@ -164,6 +176,10 @@ def decor_step_rdp(
         max_subsets: enumeration limit of Alg 3 (number of colluding sets C(n, q)).
         force: enumerate beyond ``max_subsets``.
         dense_limit: ``auto`` uses dense linear algebra up to this many nodes.
+        symmetry_min_nodes: from this many nodes the sparse path of Alg 3 enumerates only the
+            colluding sets containing vertex 0 on a graph that the cyclic shift maps onto
+            itself (every other set is a shift of one of them: the same maximum); the method
+            is then labelled ``sparse-selinv+cyclic-symmetry``.
 
     Returns:
         :class:`SecRdpStep`; each step is (alpha, alpha * step_rdp)-SecRDP for every alpha > 1.
@@ -177,7 +193,8 @@ def decor_step_rdp(
         return SecRdpStep(ldp_value, n - 1, "ldp", "ldp-closed-form", (), 0, True)
     if q >= n:
         raise PrivacyError(f"collusion level q = {q} must be smaller than n = {n}")
-    count = _n_subsets(n, q)
+    symmetric = q >= 1 and n >= symmetry_min_nodes and shift_invariant(n, edges)
+    count = _n_subsets(n - 1, q - 1) if symmetric else _n_subsets(n, q)
     if count > max_subsets and not force:
         raise PrivacyError(
             f"collusion level q = {q} needs {count} colluding sets (> {max_subsets}); "
@@ -188,6 +205,13 @@ def decor_step_rdp(
         keep[:q] = False
         disc = not _is_connected(n, edges, keep)
         return SecRdpStep(ldp_value, q, adv.label, "closed-form", tuple(range(q)), q, disc)
+    if q == 0 and n >= symmetry_min_nodes and shift_invariant(n, edges):
+        # circulant: every diagonal entry of Sigma^{-1} is the same, the mean of the inverse
+        # eigenvalues (one closed form, O(n deg), every term positive: exact at any ratio)
+        value = circulant_inverse_diagonal(n, edges, sigma_cdp, sigma_cor)
+        disc = not _is_connected(n, edges, np.ones(n, dtype=bool))
+        value = min(value, 1.0 / sigma_cdp**2)
+        return SecRdpStep(2.0 * clip**2 * value, 0, adv.label, "circulant", (), 0, disc)
     if method == "auto":
         if n > dense_limit:
             method = "sparse-selinv"
@@ -201,7 +225,11 @@ def decor_step_rdp(
         else:
             value, worst_set, worst_node = _lowrank(n, edges, q, sigma_cdp, sigma_cor)
     elif method == "sparse-selinv":
-        value, worst_set, worst_node = _enumerate(n, edges, q, sigma_cdp, sigma_cor, dense=False)
+        value, worst_set, worst_node = _enumerate(
+            n, edges, q, sigma_cdp, sigma_cor, dense=False, containing_zero=symmetric
+        )
+        if symmetric:
+            method = "sparse-selinv+cyclic-symmetry"
     else:
         raise PrivacyError(
             f"unknown method {method!r}; use auto, dense, dense+lowrank, sparse-selinv or naive"
@@ -223,14 +251,42 @@ def decor_step_rdp(
     return SecRdpStep(float(step), q, adv.label, method, worst_set, int(worst_node), disconnected)
 
 
+def circulant_inverse_diagonal(
+    n: int, edges: np.ndarray, sigma_cdp: float, sigma_cor: float
+) -> float:
+    """The (common) diagonal entry of ``(sigma_cdp^2 I + sigma_cor^2 L)^{-1}`` for a graph the
+    cyclic shift maps onto itself: ``L`` is circulant with eigenvalues
+    ``lambda_j = sum_{d in D} 2 sin^2(pi j d / n)`` (``D`` the neighbours of vertex 0), so the
+    entry is ``(1/n) sum_j 1 / (sigma_cdp^2 + sigma_cor^2 lambda_j)`` (Gray 2006, Toeplitz and
+    circulant matrices, Sec. 3.1)."""
+    offsets = np.concatenate([edges[edges[:, 0] == 0, 1], edges[edges[:, 1] == 0, 0]])
+    j = np.arange(n, dtype=np.float64)[:, None]
+    lam = (2.0 * np.sin(np.pi * j * offsets[None, :].astype(np.float64) / n) ** 2).sum(1)
+    return float(np.mean(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)))
+
+
 def _enumerate(
-    n: int, edges: np.ndarray, q: int, sigma_cdp: float, sigma_cor: float, dense: bool
+    n: int,
+    edges: np.ndarray,
+    q: int,
+    sigma_cdp: float,
+    sigma_cor: float,
+    dense: bool,
+    *,
+    containing_zero: bool = False,
 ) -> tuple[float, tuple[int, ...], int]:
-    """Alg 3 by enumeration: max over |I| = q of max_i [Sigma_I^{-1}]_ii (one inverse per I)."""
+    """Alg 3 by enumeration: max over |I| = q of max_i [Sigma_I^{-1}]_ii (one inverse per I);
+    ``containing_zero``: only the sets I with 0 in I (enough where the cyclic shift is an
+    automorphism, q >= 1)."""
     best_set: tuple[int, ...]
     best, best_set, best_node = -np.inf, (), -1
     nodes = np.arange(n)
-    for subset in itertools.combinations(range(n), q):
+    subsets = (
+        ((0, *rest) for rest in itertools.combinations(range(1, n), q - 1))
+        if containing_zero
+        else itertools.combinations(range(n), q)
+    )
+    for subset in subsets:
         keep = np.ones(n, dtype=bool)
         keep[list(subset)] = False
         diag = sigma_inverse_diagonal(

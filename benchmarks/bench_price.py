@@ -1,0 +1,101 @@
+"""The price of privacy for one model (issue 37, item 1): a DP-SGD gradient step against the plain
+torch step, on the same network, data and CPU, interleaved so load drift hits both alike.
+
+* ``private``: ``node_gradients(..., clip=per_sample)`` for one node (``n = 1``), ``method``
+  ``auto`` (the ghost path: per-layer norms from the layer inputs and output gradients, the conv
+  layers by direct per-sample gradients or the Gram form ``<G^T G, U^T U>``, whichever is
+  cheaper), plus the Gaussian noise and the SGD update;
+* ``plain``: an ``nn.Sequential`` of the same layers, ``loss.backward()`` and
+  ``torch.optim.SGD.step()`` (no clipping, no noise).
+
+Networks: the Robust-HDP MNIST CNN (conv 1->16 k5, pool, conv 16->32 k5, pool, fc 1568->10;
+p = 28,938) and the DECOR MLP 784-128-10, at batch 64 and 256. The figure is
+``private_over_plain`` (target <= 1.4, issue 37).
+
+    python benchmarks/bench_price.py --iters 20 [--threads 1] [--json-out out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
+from torch import nn
+
+from privdl.engine import ClipSpec, node_gradients
+from privdl.models import build_model
+
+CLIP, NOISE, LR = 1.0, 1.0, 0.05
+
+
+def _torch_net(name: str) -> nn.Sequential:
+    if name == "cnn-mnist":
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(1568, 10),
+        )  # fmt: skip
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def bench(name: str, batch: int, iters: int) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(0)
+    in_shape = (1, 28, 28) if name == "cnn-mnist" else (784,)
+    model = build_model(name, in_shape=in_shape, n_classes=10)
+    params = model.init(n_nodes=1, generator=gen)
+    x = torch.randn(1, batch, *in_shape, generator=gen)
+    y = torch.randint(0, 10, (1, batch), generator=gen)
+    clip = ClipSpec("per_sample", CLIP)
+    noise_gen = torch.Generator().manual_seed(1)
+
+    def private() -> None:
+        res = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip)
+        with torch.no_grad():
+            for k, g in res.grads.items():
+                noise = torch.randn(g.shape, generator=noise_gen).mul_(NOISE * CLIP / batch)
+                params[k].sub_(g.add_(noise), alpha=LR)
+
+    net = _torch_net(name)
+    with torch.no_grad():
+        for p, v in zip(net.parameters(), params.values(), strict=True):
+            p.copy_(v[0].reshape(p.shape))
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    crit = nn.CrossEntropyLoss()
+    xt = x[0].reshape(batch, 1, 28, 28) if name == "cnn-mnist" else x[0]
+    yt = y[0]
+
+    def plain() -> None:
+        opt.zero_grad(set_to_none=True)
+        crit(net(xt), yt).backward()
+        opt.step()
+
+    priv_t, plain_t = interleaved_seconds([private, plain], iters=iters, warmup=2)
+    p, q = statistics.median(priv_t), statistics.median(plain_t)
+    return {
+        "setting": f"{name} (p={model.num_parameters()}), batch {batch}, clip {CLIP}",
+        "private_s": p,
+        "plain_s": q,
+        "private_over_plain": p / q,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--nets", default="cnn-mnist,mlp")
+    ap.add_argument("--batches", default="64,256")
+    add_run_flags(ap)
+    args = ap.parse_args()
+    tuned = apply_run_flags(args)
+    rows = [
+        bench(name, int(b), args.iters)
+        for name in args.nets.split(",")
+        for b in args.batches.split(",")
+    ]
+    emit({**machine_facts(tuned), "rows": rows}, args.json_out)
+
+
+if __name__ == "__main__":
+    main()
