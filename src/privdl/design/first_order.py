@@ -28,6 +28,8 @@ from privdl.design.objective import Problem
 
 __all__ = ["ConstraintOracle", "solve_first_order"]
 
+RHO0 = 1.0  # the first penalty weight: larger ones stall L-BFGS-B (ill-conditioned)
+
 
 def _spd_inverse(sigma: np.ndarray) -> np.ndarray:
     """Inverse of a positive-definite matrix by Cholesky (LAPACK potrf/potri), symmetrized;
@@ -131,7 +133,7 @@ def solve_first_order(
     obj0 = float(weights.sum())
     count, h = oracle.honest.shape
     lam = np.zeros((count, h))
-    rho = 10.0
+    rho = RHO0
     lower = np.concatenate([np.full(n, 1e-8), np.zeros(len(coef) - n)])
     bounds = list(zip(lower, [None] * len(lower), strict=True))
     y = x0 / ref
@@ -143,18 +145,23 @@ def solve_first_order(
     best_val, best_y = feasible(y)
     evaluations = 0
 
+    def out_of_time() -> bool:
+        return max_seconds is not None and time.perf_counter() - started > max_seconds
+
     def lagrangian(y: np.ndarray) -> tuple[float, np.ndarray]:
-        nonlocal evaluations
+        nonlocal evaluations, best_val, best_y
         evaluations += 1
         inv = oracle.inverses(*np.split(y * ref, [n]))
         f = oracle.values(inv)
+        fmax = float(f.max())
+        if float(weights @ y) * fmax / obj0 < best_val:  # every iterate, made feasible by scaling
+            best_val, best_y = float(weights @ y) * fmax / obj0, y * fmax
         mu = np.maximum(0.0, lam + rho * (f - 1.0))
         value = float(weights @ y) / obj0 + float((mu**2 - lam**2).sum()) / (2.0 * rho)
+        if out_of_time():  # a zero gradient ends L-BFGS-B at once (its line search included)
+            return value, np.zeros_like(y)
         grad = weights / obj0 + oracle.gradient(inv, mu) * ref
         return value, grad
-
-    def out_of_time() -> bool:
-        return max_seconds is not None and time.perf_counter() - started > max_seconds
 
     def callback(intermediate_result: object) -> None:
         if out_of_time():
