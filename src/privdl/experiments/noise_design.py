@@ -131,6 +131,6 @@ REPRODUCTIONS = [
         paper="Whisper D-SGD",
         description="Residual noise of LDP, DECOR scalar, edge-optimized, Whisper, CDP",
         run=run,
-        full_runtime="about 5 minutes on 2 cores",
+        full_runtime="about 7 minutes on 2 idle cores",
     )
 ]
