@@ -105,11 +105,17 @@ def step_rdp(
     adversary: str = "eavesdropper",
     sigma: float,
     sigma_cor: float = 0.0,
+    design: Any = None,
 ) -> float:
-    """Per-step RDP slope at the replace-one sensitivity of the run's privacy unit."""
+    """Per-step RDP slope at the replace-one sensitivity of the run's privacy unit (``design``:
+    a :class:`~privdl.mechanisms.noise_design.NoiseDesign` instead of the two sigmas)."""
     c = float(cfg.clip)
     if privacy_unit(cfg, task) == "example":
         c = c / cfg.batch_size
+    if design is not None:
+        from privdl.accounting.design import design_step_rdp
+
+        return float(design_step_rdp(topo, design, clip=c, adversary=adversary).step_rdp)
     if noise == "central":
         return 2.0 * c * c / (topo.n * sigma * sigma)
     return float(
@@ -132,14 +138,16 @@ def spent(
     adversary: str = "eavesdropper",
     sigma: float,
     sigma_cor: float = 0.0,
+    design: Any = None,
 ) -> Callable[[int], dict[str, Any]]:
     """``t -> labelled (epsilon, delta)`` after ``t`` steps."""
     delta = target_delta(cfg)
     unit = privacy_unit(cfg, task)
     threat = threat_model(noise, adversary)
     rho = step_rdp(
-        cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor
-    )
+        cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
+        design=design,
+    )  # fmt: skip
 
     tight = accountant_of(cfg) == "tightest"
     if unit == "user":

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from privdl.algorithms.base import (
@@ -42,6 +43,7 @@ from privdl.mechanisms.discrete_gaussian import (
     snap,
     snap_clip,
 )
+from privdl.mechanisms.noise_design import NoiseDesign
 from privdl.mechanisms.prng import NormalBackend
 from privdl.tree import Tree, flatten, unflatten
 
@@ -82,6 +84,9 @@ class Decor:
     #: "secure": the independent and the edges' noise are discrete Gaussians on a grid and the
     #: clipped gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`)
     noise_mode: Literal["float", "secure", "secure-exact"] = "float"
+    #: a variance per node and per edge instead of the two sigmas
+    #: (:class:`~privdl.mechanisms.noise_design.NoiseDesign`, docs/noise-design.md)
+    noise_design: NoiseDesign | None = None
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
@@ -92,6 +97,18 @@ class Decor:
             )
         if self.weight_decay < 0:
             raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
+        if self.noise_design is not None:
+            self.noise_design.check_graph(self.edges, self.n_nodes)
+            if self.noise_mode != "float":
+                raise ConfigError("the secure noise modes have no noise design")
+
+    def _noise_on(self) -> tuple[bool, bool]:
+        """(correlated, independent): whether edge secrets / node noise keys are needed."""
+        if self.noise_design is None:
+            return self.sigma_cor > 0, self.sigma_cdp > 0
+        return bool(np.any(self.noise_design.edge_var > 0)), bool(
+            np.any(self.noise_design.node_var > 0)
+        )
 
     def init(self, params: Tree, oracle: object, comm: Communicator, *, keys: Keys) -> DecorState:
         """Agree the per-edge secrets (X25519 + HKDF over ``comm.key_transport``: only public
@@ -102,9 +119,10 @@ class Decor:
         """
         nodes = held_nodes(comm, params)
         edge_keys: tuple[bytes | None, ...] = ()
-        if self.sigma_cor > 0:
+        correlated, independent = self._noise_on()
+        if correlated:
             edge_keys = keys.edge_keys(self.edges, self.n_nodes, comm)
-        noise_keys = keys.node_noise_keys(nodes) if self.sigma_cdp > 0 else ()
+        noise_keys = keys.node_noise_keys(nodes) if independent else ()
         opt = optimizer_buffers(self.optimizer, params)
         return DecorState(params, 0, edge_keys=edge_keys, noise_keys=noise_keys, opt=opt)
 
@@ -156,6 +174,7 @@ class Decor:
                 nodes=None if len(owned) == self.n_nodes else owned,
                 backend=self.noise_backend,
                 prefetch=True,  # used out of place below
+                design=self.noise_design,
             )
 
         if self.noise_mode != "float":  # lines 2-3 on the grid (docs/security.md s.4)

@@ -36,6 +36,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
                   "Noise calibration: what noise reaches a target (epsilon, delta)?"),
     "demo": ("privdl.cli.run", "demo",
              "The main job: private vs non-private learning on a9a over ring:16."),
+    "design-noise": ("privdl.cli.design", "design_noise_cmd",
+                     "Optimize DECOR's per-node and per-edge noise for (epsilon, delta)."),
     "graph": ("privdl.cli.graph", "graph",
               "Print the facts of graph SPEC and of its mixing matrix."),
     "identities": ("privdl.cli.identities", "identities",

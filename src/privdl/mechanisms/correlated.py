@@ -27,6 +27,7 @@ from privdl.mechanisms.fused_noise import (
     fused_decor_noise,
     prefetched_decor_noise,
 )
+from privdl.mechanisms.noise_design import NoiseDesign
 from privdl.mechanisms.prng import NormalBackend, normal_streams
 from privdl.mechanisms.secrets import as_edge_array
 from privdl.mechanisms.ziggurat import jit
@@ -255,6 +256,7 @@ def decor_noise(
     nodes: Sequence[int] | None = None,
     backend: NormalBackend = "auto",
     prefetch: bool = False,
+    design: NoiseDesign | None = None,
 ) -> torch.Tensor | None:
     """A DECOR step's noise ``sum_{j in N_i} v_ij + vbar_i`` for the requested rows (Alg 1 line 3,
     eq. 3), or None when both sigmas are 0.
@@ -266,7 +268,21 @@ def decor_noise(
     ``prefetch=True`` draws the next iterations in the same launches and returns a view into that
     block (:func:`~privdl.mechanisms.fused_noise.prefetched_decor_noise`), not to be modified in
     place.
+
+    ``design`` (:class:`~privdl.mechanisms.noise_design.NoiseDesign`) replaces the two sigmas by a
+    variance per node and per edge: edge e's stream is scaled by sqrt(w_e) and node i's own stream
+    by s_i (the same streams, so the correlated part still cancels). A uniform design is DECOR's
+    scalar noise and gives its values bit for bit; another one takes :func:`_designed_noise`.
     """
+    if design is not None:
+        design.check_graph(as_edge_array(edges, n_nodes), n_nodes)
+        scalar = design.uniform_sigmas
+        if scalar is None:
+            return _designed_noise(
+                edge_keys, edges, n_nodes, node_keys, counter, size, design=design,
+                dtype=dtype, device=device, nodes=nodes, backend=backend,
+            )  # fmt: skip
+        sigma_cdp, sigma_cor = scalar
     sigma_cor = _check_sigma("sigma_cor", sigma_cor)
     sigma_cdp = _check_sigma("sigma_cdp", sigma_cdp)
     if sigma_cor == 0.0 and sigma_cdp == 0.0:
@@ -372,6 +388,61 @@ def _decor_noise_cpu(
             cdp_scale=sigma_cdp,
         )
     return out
+
+
+def _designed_noise(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    counter: int,
+    size: int,
+    *,
+    design: NoiseDesign,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    nodes: Sequence[int] | None,
+    backend: NormalBackend,
+) -> torch.Tensor:
+    """:func:`decor_noise` for a non-uniform design: the same edge and node streams, each edge's
+    scaled by sqrt(w_e) and each node's by s_i before the signed sum (so both endpoints use the
+    same scaled stream and the correlated part cancels). Rows are pure functions of their keys,
+    so a node subset equals the matching rows of the full result bit for bit. On any device (the
+    fused CUDA kernels are not used: they take one scalar sigma per kind)."""
+    array = as_edge_array(edges, n_nodes)
+    if len(edge_keys) != len(array):
+        raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
+    active = np.flatnonzero(design.edge_var > 0)  # w_e = 0: that stream is not drawn
+    rows, lower, upper, keys = incident_edges(
+        [edge_keys[e] for e in active.tolist()], array[active], n_nodes, nodes
+    )
+    position = np.full(n_nodes, -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    sub = array[active]
+    keep_edges = active[(position[sub[:, 0]] >= 0) | (position[sub[:, 1]] >= 0)]
+    node_std = design.node_std()[rows]
+    own = bool(np.any(node_std > 0))
+    if own and len(node_keys) != len(rows):
+        raise ConfigError(f"got {len(node_keys)} node noise keys for {len(rows)} rows")
+    streams = keys + list(node_keys) if own else list(keys)
+    device = torch.device(device)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.zeros((len(rows), size), dtype=work, device=device)
+    if not (size and streams):
+        return out.to(dtype=dtype)
+    z = normal_streams(streams, counter, size, dtype=work, device=device, backend=backend)
+    scale = np.concatenate([design.edge_std()[keep_edges], node_std if own else []])
+    z.mul_(torch.from_numpy(scale).to(device=device, dtype=work).unsqueeze(1))
+    if device.type == "cpu":
+        _signed_sum_cpu(
+            out, z.contiguous(), lower, upper, 1.0, use_cor=len(keys) > 0,
+            node_first=len(keys) if own else -1, cdp_scale=1.0,
+        )  # fmt: skip
+        return out.to(dtype=dtype)
+    _accumulate_signed(out, z[: len(keys)], lower, upper)
+    if own:
+        out.add_(z[len(keys) :])
+    return out.to(dtype=dtype)
 
 
 def split_flat(

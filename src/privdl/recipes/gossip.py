@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -27,8 +28,17 @@ from privdl.config import CommonConfig, parse_adversary_label
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError, PrivacyError
 from privdl.mechanisms.discrete_gaussian import grid_for
+from privdl.mechanisms.noise_design import load_design
 from privdl.optim import parse_optimizer
-from privdl.privacy import NoiseKind, calibrate_noise, privacy_unit, spent, step_rdp, with_key_note
+from privdl.privacy import (
+    NoiseKind,
+    calibrate_noise,
+    privacy_unit,
+    spent,
+    step_rdp,
+    target_delta,
+    with_key_note,
+)
 from privdl.recipes.base import refuse_non_private
 from privdl.recipes.decentralized import DecentralizedConfig, DecentralizedRecipe
 from privdl.topology import complete, mixing_matrix, parse_topology
@@ -44,6 +54,12 @@ class GossipConfig(DecentralizedConfig):
     adversary: str = Field(
         default="eavesdropper",
         description="eavesdropper, curious, collusion:Q or ldp (DECOR's threat models).",
+    )
+    noise_design: str | None = Field(
+        default=None,
+        description="DECOR: a variance per node and per edge instead of sigma and sigma_cor: a "
+        "design file (privdl design-noise --out FILE) or 'optimized' (designed for the target "
+        "epsilon when the run starts; docs/noise-design.md).",
     )
     optimizer: str | dict[str, Any] = Field(
         default="sgd",
@@ -76,6 +92,21 @@ class GossipConfig(DecentralizedConfig):
     @classmethod
     def _adversary(cls, v: str) -> str:
         return parse_adversary_label(v)
+
+
+@cache
+def _optimized_design(
+    graph: str, epsilon: float, delta: float, steps: int, clip: float, adversary: str, mixing: str
+) -> Any:
+    """``noise_design = "optimized"``: designed once per setting (docs/noise-design.md)."""
+    from privdl.design.api import design_noise
+    from privdl.topology import parse_graph
+
+    result = design_noise(
+        parse_graph(graph), epsilon=epsilon, delta=delta, steps=steps, clip=clip,
+        adversary=adversary, mixing=mixing,
+    )  # fmt: skip
+    return result.design
 
 
 def optimizer_spec(v: Any) -> Any:
@@ -139,6 +170,9 @@ class GossipRecipe(DecentralizedRecipe):
         return topo, mixing_matrix(topo, "average")
 
     def calibrate(self, cfg: Any, topology: Any, task: Any) -> Any:
+        if cfg.noise_design is not None:
+            self._check_design(cfg, task)
+            return cfg
         if cfg.epsilon is not None and (cfg.sigma > 0 and self.noise != "correlated"):
             raise ConfigError("give either a target epsilon or an explicit sigma, not both")
         if cfg.epsilon is not None and cfg.sigma_cor > 0:
@@ -153,6 +187,40 @@ class GossipRecipe(DecentralizedRecipe):
             )
         levels = calibrate_noise(cfg, topology, task, noise=self.noise, adversary=cfg.adversary)
         return cfg.with_updates(**levels)
+
+    def _check_design(self, cfg: Any, task: Any) -> None:
+        if self.noise != "correlated":
+            raise ConfigError(f"algorithm {cfg.algorithm} has no correlated noise to design")
+        if cfg.sigma > 0 or cfg.sigma_cor > 0:
+            raise ConfigError("give either a noise design or sigma / sigma_cor, not both")
+        if cfg.noise_mode == "secure":
+            raise ConfigError("the secure noise mode has no noise design")
+        if cfg.noise_design == "optimized":
+            if cfg.epsilon is None:
+                raise ConfigError("noise_design optimized needs a target epsilon")
+            if privacy_unit(cfg, task) != "user":
+                raise ConfigError(
+                    "noise_design optimized is calibrated at user level (sensitivity 2C per "
+                    "step): use clip_mode batch_mean or sampling full, or design a file"
+                )
+        elif cfg.epsilon is not None:
+            raise ConfigError(
+                "a noise design file fixes the noise: drop epsilon (the run accounts the "
+                "design's epsilon)"
+            )
+
+    def _design(self, cfg: Any, topology: Any) -> Any:
+        """The run's noise design (None: the two sigmas)."""
+        if self.noise != "correlated" or cfg.noise_design is None:
+            return None
+        if cfg.noise_design == "optimized":
+            return _optimized_design(
+                cfg.graph, float(cfg.epsilon), target_delta(cfg), int(cfg.steps),
+                float(cfg.clip), cfg.adversary, cfg.mixing or "metropolis",
+            )  # fmt: skip
+        design = load_design(cfg.noise_design)
+        design.check_graph(topology.edges, topology.n)
+        return design
 
     def _optimizer(self, cfg: Any) -> tuple[Any, float]:
         """The optimizer (None: plain SGD) and the decoupled weight decay left to the step."""
@@ -179,7 +247,7 @@ class GossipRecipe(DecentralizedRecipe):
         elif cfg.clip_mode == "none":
             raise ConfigError(f"algorithm {alg!r} needs clipping (set clip)")
         elif self.noise == "correlated":
-            if cfg.sigma <= 0:
+            if cfg.sigma <= 0 and cfg.noise_design is None:
                 raise ConfigError(
                     f"algorithm {alg!r} needs sigma (sigma_cdp) > 0 or a target epsilon"
                 )
@@ -205,6 +273,7 @@ class GossipRecipe(DecentralizedRecipe):
             noise_backend=cfg.noise_backend,
             optimizer=optimizer,
             noise_mode=cfg.noise_mode,
+            noise_design=self._design(cfg, topology),
         )
 
     def step_rdp(
@@ -219,6 +288,13 @@ class GossipRecipe(DecentralizedRecipe):
         )  # fmt: skip
 
     def accountant(self, cfg: Any, topology: Any, task: Any, algorithm: Any) -> Any:
+        design = self._design(cfg, topology)
+        if design is not None:
+            return with_key_note(
+                spent(cfg, topology, task, noise="correlated", adversary=cfg.adversary, sigma=0.0,
+                      design=design),
+                cfg.key_source,
+            )  # fmt: skip
         if self.noise is None or cfg.sigma <= 0:
             return None
         secure = cfg.noise_mode != "float"
