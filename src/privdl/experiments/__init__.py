@@ -77,6 +77,19 @@ def write_outputs(out: Path, *, report_md: str, summary: dict[str, Any]) -> dict
     return summary
 
 
+def cells_dir(out_dir: Path, *, resume: bool) -> Path:
+    """``out_dir/cells``, where a grid keeps one file per finished run for ``--resume``; without
+    ``resume`` a folder that already holds cells is refused (nothing is overwritten)."""
+    cells = Path(out_dir) / "cells"
+    if not resume and cells.is_dir() and any(cells.iterdir()):
+        raise ConfigError(
+            f"{out_dir} holds cells of an earlier run: pass --resume to continue it, or "
+            "--out DIR for a new one"
+        )
+    cells.mkdir(parents=True, exist_ok=True)
+    return cells
+
+
 def apply_overrides(
     values: dict[str, Any], overrides: dict[str, str] | None, *, name: str
 ) -> dict[str, Any]:

@@ -31,7 +31,13 @@ from privdl.accounting.conversion import step_rdp_for_epsilon
 from privdl.algorithms.base import Keys
 from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.experiments import (
+    Reproduction,
+    apply_overrides,
+    cells_dir,
+    load_preset,
+    write_outputs,
+)
 from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, wrap_title
 from privdl.loop import build_run
 from privdl.privacy import decor_pair_for_step_rdp
@@ -142,13 +148,7 @@ class RunCells:
     """
 
     def __init__(self, out_dir: Path, *, resume: bool) -> None:
-        self.dir = Path(out_dir) / "cells"
-        if not resume and self.dir.is_dir() and any(self.dir.iterdir()):
-            raise ConfigError(
-                f"{out_dir} holds cells of an earlier run: pass --resume to continue it, or "
-                "--out DIR for a new one"
-            )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = cells_dir(out_dir, resume=resume)
         self.kept = 0  # cells reused from an earlier run (reported in the summary)
 
     def path(self, key: dict[str, Any]) -> Path:

@@ -27,7 +27,7 @@ from privdl.algorithms.federated import evaluate_clients, split_train_test
 from privdl.data import load_dataset, stack_partitions
 from privdl.data.batching import StackedData
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.experiments import Reproduction, cells_dir, load_preset, write_outputs
 from privdl.experiments.figures import LABEL_SIZE, bars_from_zero, legend_outside
 from privdl.models import build_model
 from privdl.records import load_torch_safe, plain_data, save_torch_atomic, write_json_atomic
@@ -214,13 +214,7 @@ class CellStore:
     """
 
     def __init__(self, out_dir: Path, *, resume: bool) -> None:
-        self.dir = Path(out_dir) / "cells"
-        if not resume and self.dir.is_dir() and any(self.dir.iterdir()):
-            raise ConfigError(
-                f"{out_dir} holds cells of an earlier run: pass --resume to continue it, or "
-                "--out DIR for a new one"
-            )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = cells_dir(out_dir, resume=resume)
 
     def checkpoint(self, name: str) -> Path:
         return self.dir / f"{name}.pt"
@@ -305,35 +299,26 @@ def _privacy_fields(fl: FederatedDPSGD, participated: Any) -> dict[str, Any]:
     }
 
 
-def account_cell(
-    *,
-    model_name: str,
-    ds,
-    train: StackedData,
-    method: str,
-    eps: list[float] | None,
-    reported: list[float] | None,
-    batch_sizes: list[int],
-    lr: float,
-    rounds: int,
-    rpca: dict[str, Any],
-    **_: Any,
-) -> dict[str, Any]:
+#: What :func:`_federated` takes of a cell's training arguments (:meth:`CellStore.run`).
+_CELL_SETUP = (
+    "model_name",
+    "ds",
+    "train",
+    "method",
+    "eps",
+    "reported",
+    "batch_sizes",
+    "lr",
+    "rpca",
+)
+
+
+def account_cell(*, rounds: int, **cell: Any) -> dict[str, Any]:
     """The privacy fields of a finished private cell, by the default accountant, without
     training: every client takes part in every round (the tables' setting, no client sampling),
-    so its participation is ``rounds`` and its noise multiplier is the one the cell used."""
-    _, fl = _federated(
-        model_name=model_name,
-        ds=ds,
-        train=train,
-        method=method,
-        eps=eps,
-        reported=reported,
-        batch_sizes=batch_sizes,
-        lr=lr,
-        rounds=rounds,
-        rpca=rpca,
-    )
+    so its participation is ``rounds`` and its noise multiplier is the one the cell used.
+    ``cell``: the cell's training arguments (those of :func:`train_and_evaluate`)."""
+    _, fl = _federated(rounds=rounds, **{k: cell[k] for k in _CELL_SETUP})
     if fl.config.clients_per_round not in (None, fl.n):
         raise ConfigError("re-accounting a cell needs full participation")
     return _privacy_fields(fl, torch.full((fl.n,), rounds, dtype=torch.int64))
