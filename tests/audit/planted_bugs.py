@@ -28,7 +28,8 @@ def reused_correlated_noise() -> Iterator[None]:
     step (the stream counter of the correlated part stays 0); the independent noise is fresh."""
 
     def buggy(edge_keys, edges, n_nodes, node_keys, counter, size, *, sigma_cor, sigma_cdp,
-              nodes=None, prefetch=False, **kw):  # fmt: skip
+              nodes=None, prefetch=False, design=None, **kw):  # fmt: skip
+        assert design is None, "the planted bug reuses DECOR's scalar noise"
         cor = correlated_noise(edge_keys, edges, n_nodes, 0, size, sigma_cor=sigma_cor,
                                nodes=nodes, **kw)  # fmt: skip
         return cor + independent_noise(node_keys, counter, size, sigma=sigma_cdp, **kw)

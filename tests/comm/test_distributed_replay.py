@@ -134,11 +134,25 @@ def _attack(out: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(residual), np.asarray(unknown), np.asarray(replayed)
 
 
+def _run_ranks():
+    """tests/comm/conftest.py's ``run_ranks``, loaded by its path: a bare ``import conftest``
+    finds whichever conftest module another folder's tests imported first."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "comm_conftest", Path(__file__).with_name("conftest.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.run_ranks
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict[str, Path]:
     """The run under 2 gloo ranks with each key source (about 1 s each once privdl is imported:
     the first one in a fresh interpreter pays the imports, about 11 s on a loaded machine)."""
-    from conftest import run_ranks  # tests/comm/conftest.py (pytest puts its folder on the path)
+    run_ranks = _run_ranks()
 
     base = tmp_path_factory.mktemp("replay")
     for source in ("seed", "os"):
@@ -201,7 +215,7 @@ def _secure_rank(rank: int, out: str) -> None:
 def test_launched_secure_decor_equals_the_one_process_run(tmp_path):
     """The secure mode's lattice noise (independent and per edge) drawn per rank: the launched
     run's models equal the simulator's bit for bit."""
-    from conftest import run_ranks
+    run_ranks = _run_ranks()
     from privdl.loop import train
 
     assert run_ranks(2, _secure_rank, (str(tmp_path / "launched"),)) == [0, 0]
