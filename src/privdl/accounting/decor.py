@@ -130,23 +130,11 @@ def account_decor(
             on ``steps`` or ``delta``): reused instead of running Alg 2/3 again, e.g. for an
             epsilon-vs-steps curve. Its adversary must be ``adversary``'s.
     """
-    check_delta(delta)
-    if int(steps) != steps or steps < 1:
-        raise PrivacyError(f"steps must be a positive integer, got {steps}")
     adv = parse_adversary(adversary)
-    example_level = sampling_rate is not None
-    if batch_size is not None and not example_level:
-        raise PrivacyError(
-            "a batch size is example-level accounting: give the sampling rate b/m with it"
-        )
-    if example_level:
-        if batch_size is None or batch_size < 1:
-            raise PrivacyError("example-level accounting needs --batch-size B >= 1")
-        if not (0 < cast(float, sampling_rate) <= 1):
-            raise PrivacyError(f"sampling rate must lie in (0, 1], got {sampling_rate}")
-    elif neighbouring != "replace_one":
-        raise PrivacyError("user-level DECOR accounting is replace-one (sensitivity 2C)")
-    step_clip = clip / cast(int, batch_size) if example_level else clip
+    step_clip = step_clip_for(
+        clip=clip, steps=steps, delta=delta, sampling_rate=sampling_rate,
+        batch_size=batch_size, neighbouring=neighbouring,
+    )  # fmt: skip
     if step is None:
         step = decor_step_rdp(
             graph,
@@ -171,6 +159,71 @@ def account_decor(
             max_subsets=max_subsets,
             force=force,
         )
+    return compose_step(
+        step,
+        clip=clip,
+        steps=steps,
+        delta=delta,
+        conversion=conversion,
+        sampling_rate=sampling_rate,
+        batch_size=batch_size,
+        sampling=sampling,
+        neighbouring=neighbouring,
+        theorem_step_rdp=bound,
+    )
+
+
+def step_clip_for(
+    *,
+    clip: float,
+    steps: int,
+    delta: float,
+    sampling_rate: float | None,
+    batch_size: int | None,
+    neighbouring: str,
+) -> float:
+    """Check a DECOR accounting request (steps, delta, example-level sampling, relation) and
+    return the clip of one step's sensitivity: C at user level, C/b at example level."""
+    check_delta(delta)
+    if int(steps) != steps or steps < 1:
+        raise PrivacyError(f"steps must be a positive integer, got {steps}")
+    example_level = sampling_rate is not None
+    if batch_size is not None and not example_level:
+        raise PrivacyError(
+            "a batch size is example-level accounting: give the sampling rate b/m with it"
+        )
+    if example_level:
+        if batch_size is None or batch_size < 1:
+            raise PrivacyError("example-level accounting needs --batch-size B >= 1")
+        if not (0 < cast(float, sampling_rate) <= 1):
+            raise PrivacyError(f"sampling rate must lie in (0, 1], got {sampling_rate}")
+    elif neighbouring != "replace_one":
+        raise PrivacyError("user-level DECOR accounting is replace-one (sensitivity 2C)")
+    return clip / cast(int, batch_size) if example_level else clip
+
+
+def compose_step(
+    step: SecRdpStep,
+    *,
+    clip: float,
+    steps: int,
+    delta: float,
+    conversion: str | None = None,
+    sampling_rate: float | None = None,
+    batch_size: int | None = None,
+    sampling: str = "fixed_size",
+    neighbouring: str = "replace_one",
+    theorem_step_rdp: float | None = None,
+) -> DecorAccount:
+    """T steps of a per-step SecRDP ``step`` (Alg 2/3 of DECOR, or of a noise design) composed
+    and converted to (eps, delta) (DECOR Appendix C; example level App. D.1)."""
+    step_clip_for(
+        clip=clip, steps=steps, delta=delta, sampling_rate=sampling_rate,
+        batch_size=batch_size, neighbouring=neighbouring,
+    )  # fmt: skip
+    adv = parse_adversary(step.adversary)
+    example_level = sampling_rate is not None
+    bound = theorem_step_rdp
     z = 1.0 / math.sqrt(2.0 * step.step_rdp)
     nominal, notes, sampling_info = False, "", {}
     mu: float | None = None

@@ -36,7 +36,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from privdl.accounting.decor import DecorAccount, account_decor
+from privdl.accounting.decor import DecorAccount, compose_step, step_clip_for
 from privdl.accounting.secrdp import (
     MAX_SUBSETS,
     Adversary,
@@ -212,25 +212,24 @@ def account_design(
 ) -> DecorAccount:
     """(eps, delta)-SecLDP of T steps of DECOR with ``design``: the slope of
     :func:`design_step_rdp` composed exactly as DECOR's (:func:`privdl.accounting.decor.
-    account_decor`; user level by default, example level with ``sampling_rate``)."""
+    compose_step`; user level by default, example level with ``sampling_rate``)."""
     adv = parse_adversary(adversary)
-    step_clip = clip / batch_size if (sampling_rate is not None and batch_size) else clip
+    step_clip = step_clip_for(
+        clip=clip, steps=steps, delta=delta, sampling_rate=sampling_rate,
+        batch_size=batch_size, neighbouring=neighbouring,
+    )  # fmt: skip
     step = design_step_rdp(
         graph, design, clip=step_clip, adversary=adv, method=method,
         max_subsets=max_subsets, force=force,
     )  # fmt: skip
-    return account_decor(
-        graph.graph,
-        sigma_cdp=1.0,  # not read: the step is given
-        sigma_cor=0.0,
+    return compose_step(
+        step,
         clip=clip,
         steps=steps,
         delta=delta,
-        adversary=adv.label,
         conversion=conversion,
         sampling_rate=sampling_rate,
         batch_size=batch_size,
         sampling=sampling,
         neighbouring=neighbouring,
-        step=step,
     )
