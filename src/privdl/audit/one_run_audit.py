@@ -182,23 +182,19 @@ def one_run_audit(
         canary = example_canary(run, black_box)
         view_text = BLACK_BOX_VIEW if black_box else "the released model after every step"
         threat = "central"
-    delta = float(accounted.get("delta", cfg.delta or 1e-5))
-    bound = one_run_bound_from_scores(got.scores, got.included, delta=delta,
-                                      confidence=confidence, k_plus=k_plus, k_minus=k_minus)  # fmt: skip
-    return AuditResult(
-        algorithm=algorithm,
-        threat_model=threat,
+    return _one_run_result(
+        algorithm,
+        threat,
+        got.scores,
+        got.included,
         trials=canaries,
-        confidence=confidence,
-        delta=delta,
-        epsilon_lower=float(bound.epsilon_lower),
-        epsilon_lower_gdp=math.nan,
-        mu_lower=math.nan,
-        epsilon_accounted=float(accounted.get("epsilon", math.nan)),
         accounted=accounted,
+        cfg=cfg,
+        confidence=confidence,
+        k_plus=k_plus,
+        k_minus=k_minus,
         canary=canary,
         view=view_text,
-        test=f"one-run (top {bound.k_plus} in, bottom {bound.k_minus} out)",
         settings={
             "steps": cfg.steps,
             "sigma": getattr(cfg, "sigma", None),
@@ -207,19 +203,8 @@ def one_run_audit(
             "target_epsilon": cfg.epsilon,
             "seed": seed,
         },
-        tradeoff=empirical_tradeoff(got.scores[~got.included], got.scores[got.included]),
-        seconds=round(time.perf_counter() - start, 3),
-        one_run={
-            "canaries": bound.canaries,
-            "included": int(np.sum(got.included)),
-            "guesses": bound.guesses,
-            "correct": bound.correct,
-            "k_plus": bound.k_plus,
-            "k_minus": bound.k_minus,
-            "candidates": bound.candidates,
-            "score": got.score,
-            "bound": "Steinke, Nasr and Jagielski 2023 (one run; union bound over candidates)",
-        },
+        start=start,
+        score=got.score,
     )
 
 
@@ -258,20 +243,17 @@ def gossip_one_run_audit(
     test = fit_linear_test(views[:half], plus[:half])
     scores, included = test.scores(views[half:]), plus[half:]
     accounted = dict(run.privacy(cfg.steps) or {})
-    delta = float(accounted.get("delta", cfg.delta or 1e-5))
-    bound = one_run_bound_from_scores(scores, included, delta=delta, confidence=confidence,
-                                      k_plus=k_plus, k_minus=k_minus)  # fmt: skip
-    return AuditResult(
-        algorithm=algorithm,
-        threat_model=view.threat_model,
+    return _one_run_result(
+        algorithm,
+        view.threat_model,
+        scores,
+        included,
         trials=canaries,
-        confidence=confidence,
-        delta=delta,
-        epsilon_lower=float(bound.epsilon_lower),
-        epsilon_lower_gdp=math.nan,
-        mu_lower=math.nan,
-        epsilon_accounted=float(accounted.get("epsilon", math.nan)),
         accounted=accounted,
+        cfg=cfg,
+        confidence=confidence,
+        k_plus=k_plus,
+        k_minus=k_minus,
         canary={
             "kind": "gradient (white box), one per coordinate, all in one run",
             "node": view.canary,
@@ -280,8 +262,6 @@ def gossip_one_run_audit(
             "with probability 1/2",
         },
         view=view.describe(),
-        test=f"one-run (fisher fitted on {half} reference canaries; top {bound.k_plus} in, "
-        f"bottom {bound.k_minus} out)",
         settings={
             "graph": getattr(cfg, "graph", None),
             "steps": cfg.steps,
@@ -291,18 +271,67 @@ def gossip_one_run_audit(
             "target_epsilon": cfg.epsilon,
             "seed": seed,
         },
+        start=start,
+        score="Fisher's discriminant of the view, fitted on the reference canaries",
+        reference=half,
+    )
+
+
+def _one_run_result(
+    algorithm: str,
+    threat_model: str,
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    trials: int,
+    accounted: dict[str, Any],
+    cfg: Any,
+    confidence: float,
+    k_plus: int | None,
+    k_minus: int | None,
+    canary: dict[str, Any],
+    view: str,
+    settings: dict[str, Any],
+    start: float,
+    score: str,
+    reference: int | None = None,
+) -> AuditResult:
+    """The Steinke-Nasr-Jagielski bound of one run's canary ``scores`` (``included``: which
+    canaries were in), labelled beside the accounted epsilon; ``reference``: how many canaries
+    fitted the test (gossip audits), shown in its name and kept out of the guesses."""
+    delta = float(accounted.get("delta", cfg.delta or 1e-5))
+    bound = one_run_bound_from_scores(scores, included, delta=delta, confidence=confidence,
+                                      k_plus=k_plus, k_minus=k_minus)  # fmt: skip
+    fitted = "" if reference is None else f"fisher fitted on {reference} reference canaries; "
+    one_run: dict[str, Any] = {"canaries": bound.canaries}
+    if reference is not None:
+        one_run["reference"] = reference
+    one_run |= {
+        "included": int(np.sum(included)),
+        "guesses": bound.guesses,
+        "correct": bound.correct,
+        "k_plus": bound.k_plus,
+        "k_minus": bound.k_minus,
+        "candidates": bound.candidates,
+        "score": score,
+        "bound": "Steinke, Nasr and Jagielski 2023 (one run; union bound over candidates)",
+    }
+    return AuditResult(
+        algorithm=algorithm,
+        threat_model=threat_model,
+        trials=trials,
+        confidence=confidence,
+        delta=delta,
+        epsilon_lower=float(bound.epsilon_lower),
+        epsilon_lower_gdp=math.nan,
+        mu_lower=math.nan,
+        epsilon_accounted=float(accounted.get("epsilon", math.nan)),
+        accounted=accounted,
+        canary=canary,
+        view=view,
+        test=f"one-run ({fitted}top {bound.k_plus} in, bottom {bound.k_minus} out)",
+        settings=settings,
         tradeoff=empirical_tradeoff(scores[~included], scores[included]),
         seconds=round(time.perf_counter() - start, 3),
-        one_run={
-            "canaries": bound.canaries,
-            "reference": half,
-            "included": int(np.sum(included)),
-            "guesses": bound.guesses,
-            "correct": bound.correct,
-            "k_plus": bound.k_plus,
-            "k_minus": bound.k_minus,
-            "candidates": bound.candidates,
-            "score": "Fisher's discriminant of the view, fitted on the reference canaries",
-            "bound": "Steinke, Nasr and Jagielski 2023 (one run; union bound over candidates)",
-        },
+        one_run=one_run,
     )
