@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
-from privdl.audit.examples import build_example_run, canary_losses, example_views, one_thread
+from privdl.audit.examples import build_example_run, canary_losses, example_views
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.privsgp import privsgp_views
 from privdl.audit.scores import fit_linear_test, fit_mixture_test, fit_scan_test
+from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
 from privdl.registry import make_config
 

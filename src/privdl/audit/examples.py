@@ -27,8 +27,6 @@ adversary (eavesdropper, or LDP's) sees every message ``x_i^{t+1/2}`` on the wir
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -38,26 +36,13 @@ from torch import nn
 from privdl.algorithms.base import Keys
 from privdl.audit.gossip import MAX_CELLS, _Recording
 from privdl.comm.base import Communicator
+from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
 
-__all__ = ["build_example_run", "canary_data", "canary_losses", "example_views", "one_thread"]
+__all__ = ["build_example_run", "canary_data", "canary_losses", "example_views"]
 
 #: The canary input's scale, in units of the clipping threshold (keeps its gradient clipped).
 CANARY_SCALE = 100.0
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread, then restore the caller's count. Example-level audits
-    take hundreds of small steps (a minibatch of a few hundred canaries): on a shared 2-core
-    machine the thread pool's hand-offs cost 4x the work (measured: 17 s of CPU against 4 s for
-    the same audit, the same numbers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def canary_data(

@@ -52,11 +52,12 @@ from privdl.audit.api import (
     example_level,
 )
 from privdl.audit.estimators import empirical_tradeoff
-from privdl.audit.examples import build_example_run, canary_losses, example_views, one_thread
+from privdl.audit.examples import build_example_run, canary_losses, example_views
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import MAX_CELLS, canary_views, gossip_view, public_signs
 from privdl.audit.one_run import one_run_bound_from_scores
 from privdl.audit.scores import MixtureTest, fit_linear_test
+from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
 
 __all__ = ["GOSSIP", "OneRunTrial", "gossip_one_run_audit", "one_run_audit", "one_run_trial"]

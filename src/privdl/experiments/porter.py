@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -48,6 +46,7 @@ from privdl.comm.local import LocalCommunicator
 from privdl.data import gather_batch, load_dataset, partition_iid, sample_batches, stack_partitions
 from privdl.engine.clipping import clip_by_global_norm, clip_factor
 from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
+from privdl.engine.threads import one_thread
 from privdl.experiments import Reproduction, load_preset, write_outputs
 from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, positive_x
 from privdl.mechanisms.compress import RandomK
@@ -659,26 +658,13 @@ def _report(which: str, s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextmanager
-def _single_thread() -> Iterator[None]:
-    """Run single-threaded: the per-round tensors are small (10 x 124 for a9a, 10 x 50,890 for
-    MNIST), so intra-op threads only add synchronisation; on a loaded 2-core machine a 10x10 @
-    10x124 product took ~30 ms with 2 threads and 5 us with 1, and 20 MNIST rounds 17 s vs 2 s."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _a9a(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    with _single_thread():
+    with one_thread():  # small per-round tensors: threads only add hand-offs
         return _experiment("a9a", Path(out_dir), quick=quick, data_dir=data_dir)
 
 
 def _mnist(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    with _single_thread():
+    with one_thread():  # small per-round tensors: threads only add hand-offs
         return _experiment("mnist", Path(out_dir), quick=quick, data_dir=data_dir)
 
 

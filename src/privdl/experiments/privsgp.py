@@ -35,6 +35,7 @@ from privdl.algorithms.privsgp import (
 from privdl.comm.local import LocalCommunicator
 from privdl.data import load_dataset
 from privdl.engine.grads import evaluate
+from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
 from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
 from privdl.experiments.figures import (
@@ -61,12 +62,8 @@ def _single_threaded(fn):
     def wrapper(*args, **kwargs):
         if str(kwargs.get("device", "cpu")) != "cpu":
             return fn(*args, **kwargs)
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
 
     return wrapper
 
