@@ -100,6 +100,32 @@ def interleaved_seconds(
     return times
 
 
+def pipelined_seconds(
+    fns: list[Callable[[], object]],
+    *,
+    steps: int,
+    rounds: int,
+    sync: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """Seconds per call of each of ``fns`` when called ``steps`` times back to back with one
+    ``sync`` at the end -- what a training loop sees on an accelerator, whose kernels of one call
+    overlap the host's work on the next -- in ``rounds`` rounds (a's block, b's block, ...); the
+    median over rounds. :func:`interleaved_seconds` waits after every call instead (latency)."""
+    per: list[list[float]] = [[] for _ in fns]
+    for fn in fns:  # one warm-up block each
+        for _ in range(steps):
+            fn()
+    sync()
+    for _ in range(rounds):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            sync()
+            per[k].append((time.perf_counter() - t0) / steps)
+    return [statistics.median(p) for p in per]
+
+
 def emit(res: dict, json_out: str | None) -> None:
     """Print the results as JSON and, with ``--json-out``, write them there too."""
     import json

@@ -37,6 +37,7 @@ from _common import (
     interleaved_seconds,
     machine_facts,
     median_seconds,
+    pipelined_seconds,
 )
 from torch import nn
 
@@ -187,7 +188,7 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
             [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
         )
         rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
-    out = {}
+    out = _pipelined("", decor_step, plain_step)
     if DEVICE.type == "cuda":  # as before prefetching: one launch pair per step (K = 1)
         os.environ["PRIVDL_NOISE_BLOCK_BYTES"] = "1"
         fused_noise._PREFETCHED.clear()  # no step is served from an earlier, longer block
@@ -224,6 +225,38 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     out["decor_over_nonprivate"] = statistics.median(r[0] / r[1] for r in rounds)
     out["noise_share_of_decor"] = out["noise_ms"] / out["decor_ms"]
     return out
+
+
+def _pipelined(tag: str, decor_step, plain_step, steps: int = 25, rounds: int = 5) -> dict:
+    """Per-step time of each step called ``steps`` times back to back, one sync at the end (a
+    training loop: on a GPU the kernels of step t overlap the host's work on step t + 1)."""
+    d, p = pipelined_seconds([decor_step, plain_step], steps=steps, rounds=rounds, sync=_sync)
+    return {
+        f"decor{tag}_pipelined_ms": 1e3 * d,
+        f"nonprivate{tag}_pipelined_ms": 1e3 * p,
+        f"decor{tag}_over_nonprivate{tag}_pipelined": d / p,
+    }
+
+
+def _host_profile(fn, iters: int = 50) -> list[tuple[float, str]]:
+    """The host's own time per call (cProfile tottime, us) of the 12 costliest functions."""
+    import cProfile
+    import pstats
+
+    for _ in range(3):
+        fn()
+    _sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    _sync()
+    rows = []
+    for (file, line, name), (_cc, _nc, tt, _ct, _callers) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        rows.append((round(1e6 * tt / iters, 2), f"{os.path.basename(file)}:{line}:{name}"))
+    rows.sort(reverse=True)
+    return rows[:12]
 
 
 def _gpu_profile(fn, iters: int = 20) -> dict[str, float]:
@@ -305,6 +338,8 @@ def _graphed(topo, decor, plain, model, params, x, y, keys, iters, warmup) -> di
         "nonprivate_graphed_ms": statistics.median(r[1] for r in rounds),
         "decor_graphed_over_nonprivate_graphed_per_round": [round(a / b, 3) for a, b in rounds],
         "decor_graphed_over_nonprivate_graphed": statistics.median(a / b for a, b in rounds),
+        **_pipelined("_graphed", decor_step, plain_step),
+        "host_profile_graphed_decor": _host_profile(decor_step),
         "profile_graphed": {
             "decor": _gpu_profile(decor_step),
             "nonprivate": _gpu_profile(plain_step),

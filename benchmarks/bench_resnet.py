@@ -38,9 +38,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-tf32", action="store_true", help="cuDNN convolutions in full float32")
     add_run_flags(ap)
     args = ap.parse_args()
     tuned = apply_run_flags(args)
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
     dev = torch.device(args.device)
     model = build_model(args.model, in_shape=(3, 32, 32), n_classes=10)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -56,6 +59,19 @@ def main() -> None:
 
     ghost, slow = step("ghost")().grads, step("vmap")().grads
     agree = max(float((ghost[k] - slow[k]).abs().max() / slow[k].abs().max()) for k in slow)
+    # both float32 paths against the ghost path in float64 (no TF32 there): which one drifts
+    p64 = {k: v.double() for k, v in params.items()}
+    ref = node_gradients(
+        model, p64, x.double(), y, loss="cross_entropy", clip=ClipSpec("per_sample", CLIP),
+        method="ghost",
+    ).grads  # fmt: skip
+
+    def off(g: dict) -> dict[str, float]:
+        errs = {k: float((g[k].double() - ref[k]).abs().max() / ref[k].abs().max()) for k in ref}
+        worst = sorted(errs, key=errs.__getitem__, reverse=True)[:3]
+        return {k: errs[k] for k in worst}
+
+    vs64 = {"ghost": off(ghost), "vmap": off(slow)}
     names = ["ghost", "vmap", "nonprivate"]
     times = interleaved_seconds([step(k) for k in names], iters=args.iters, sync=sync)
     med = {k: statistics.median(t) for k, t in zip(names, times, strict=True)}
@@ -67,6 +83,9 @@ def main() -> None:
             **machine_facts(tuned),
             **{f"{k}_s": round(v, 4) for k, v in med.items()},
             "max_rel_diff": agree,
+            "worst_leaves_vs_float64": vs64,
+            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "vmap_over_ghost": round(med["vmap"] / med["ghost"], 2),
             "ghost_over_nonprivate": round(med["ghost"] / med["nonprivate"], 2),
         },

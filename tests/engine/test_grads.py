@@ -586,3 +586,68 @@ def test_auto_picks_vmap_for_patch_heavy_convnets_on_cpu_only():
     small = build_model("cnn-mnist", in_shape=(1, 4, 4), n_classes=10)
     assert patch_elements(small) == 1 * 5 * 8 * 4 + 16 * 25 * 4
     assert prefers_ghost(small, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_per_sample_clipping_runs_without_tf32_and_restores_the_flags(method, monkeypatch):
+    """TF32 convolutions/matmuls would let the clipped sum drift from the norms it was clipped
+    by (docs/gpu.md): the per-sample path runs in full float32 and puts the user's flags back."""
+    import privdl.engine.grads as grads_mod
+
+    seen, boom = [], []
+    target = "ghost_clipped_sum" if method == "ghost" else "_vmap_clipped_sum"
+    inner = getattr(grads_mod, target)
+
+    def spy(*a, **k):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()))
+        if boom:
+            raise RuntimeError("inside the clipped path")
+        return inner(*a, **k)
+
+    monkeypatch.setattr(grads_mod, target, spy)
+    before = (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        m = build_model("mlp", in_shape=(5,), n_classes=3)
+        p = m.init(n_nodes=2, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(1))
+        y = torch.randint(0, 3, (2, 4), generator=torch.Generator().manual_seed(2))
+        clip = ClipSpec("per_sample", 0.5)
+        node_gradients(m, p, x, y, loss="cross_entropy", clip=clip, method=method)
+        assert seen == [(False, "highest")]
+        assert torch.backends.cudnn.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "high"
+        boom.append(True)
+        with pytest.raises(RuntimeError):  # restored on the way out of an error too
+            node_gradients(m, p, x, y, loss="cross_entropy", clip=clip, method=method)
+        assert seen[-1] == (False, "highest")
+        assert torch.backends.cudnn.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.backends.cudnn.allow_tf32 = before[0]
+        torch.set_float32_matmul_precision(before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_float32_resnet_clipping_stays_near_float64_with_tf32_allowed():
+    """On an H200 the float32 clipped gradients of ResNet-18 GN were 29% off float64 in their
+    worst layer under cuDNN's default TF32, 0.4% without it (docs/gpu.md)."""
+    dev = torch.device("cuda")
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default: the engine must override it
+    gen = torch.Generator(device=dev).manual_seed(0)
+    m = build_model("resnet18-gn", in_shape=(3, 32, 32), n_classes=10)
+    p = m.init(n_nodes=8, generator=gen, device=dev)
+    x = torch.randn(8, 8, 3, 32, 32, generator=gen, device=dev)
+    y = torch.randint(0, 10, (8, 8), generator=gen, device=dev)
+    clip = ClipSpec("per_sample", 1.0)
+    p64 = {k: v.double() for k, v in p.items()}
+    want = node_gradients(m, p64, x.double(), y, loss="cross_entropy", clip=clip).grads
+    for method in ("ghost", "vmap"):
+        got = node_gradients(m, p, x, y, loss="cross_entropy", clip=clip, method=method).grads
+        worst = max(
+            float((got[k].double() - want[k]).abs().max() / want[k].abs().max()) for k in want
+        )
+        assert worst < 2e-2, (method, worst)
+    assert torch.backends.cudnn.allow_tf32 is True

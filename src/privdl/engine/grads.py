@@ -18,6 +18,8 @@ memory (ResNet-18: 11M parameters per sample).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -166,6 +168,28 @@ def _vmap_clipped_sum(
     return total, torch.cat(losses, 1), torch.cat(norms, 1)
 
 
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """Float32 convolutions and matrix products in full precision (no TF32) inside the block.
+
+    PyTorch lets cuDNN run float32 convolutions in TF32 by default (10 bits of mantissa), and
+    ``torch.set_float32_matmul_precision("high")`` does the same for matrix products. Per-sample
+    clipping needs the per-sample norms and the clipped sum to agree: on one H200 (docs/gpu.md),
+    ResNet-18 GN's clipped gradients in TF32 were 29% off the float64 ones in their worst layer
+    (the ghost and vmap paths 29% apart), and 1.4e-6 apart in full float32, at the same speed.
+    The flags are restored on exit; the per-sample path of :func:`node_gradients` runs in here.
+    """
+    cudnn_tf32 = torch.backends.cudnn.allow_tf32
+    matmul = torch.get_float32_matmul_precision()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+        torch.set_float32_matmul_precision(matmul)
+
+
 def node_gradients(
     model: StackedModel,
     params: dict[str, Tensor],
@@ -207,6 +231,24 @@ def node_gradients(
 
     if method == "ghost" and not supports_ghost(model):
         raise ConfigError(f"model {model.name} has layers the ghost path cannot clip")
+    if method not in ("auto", "ghost", "vmap"):
+        raise ConfigError(f"method must be auto, ghost or vmap, got {method!r}")
+    with full_float32():  # the clipping bound holds for the sum that is returned
+        return _per_sample_clipped(model, params, x, y, loss, clip, mask, weights, method)
+
+
+def _per_sample_clipped(
+    model: StackedModel,
+    params: dict[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    loss: str,
+    clip: ClipSpec,
+    mask: Tensor | None,
+    weights: Tensor,
+    method: str,
+) -> GradResult:
+    """Per-sample clipping of :func:`node_gradients`: the ghost path or ``vmap(grad)``."""
     if method == "ghost" or (method == "auto" and prefers_ghost(model, x.device)):
         grads, losses, norms = ghost_clipped_sum(
             model,  # type: ignore[arg-type]
@@ -219,12 +261,10 @@ def node_gradients(
             threshold=clip.threshold,  # type: ignore[arg-type]
             kind=clip.kind,
         )
-    elif method in ("vmap", "auto"):
+    else:
         grads, losses, norms = _vmap_clipped_sum(
             model, params, x, y, loss=loss, mask=mask, weights=weights, clip=clip
         )
-    else:
-        raise ConfigError(f"method must be auto, ghost or vmap, got {method!r}")
     return GradResult(grads=grads, loss=_mean_loss(losses, mask), per_sample_norms=norms)
 
 
