@@ -25,8 +25,9 @@
 #
 # Ratios are measured within one run (alternating rounds), never against a figure from another
 # machine. The federated part needs MNIST's IDX files in $PRIVDL_DATA_DIR (carry them).
-# Written in session 9 (2026-11-24), when no GPU was lent: the `wheels` part was run here, the
-# device parts have not been run yet.
+# Run on one H200 on 2026-11-27 and 2026-11-28 (`all`, about 4.5 minutes): docs/gpu.md. The
+# keystream step of `all` (the tiled store, not yet the default; its JSON goes to session.log) was
+# added after the last run and has not run on a GPU yet.
 set -euo pipefail
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
@@ -112,6 +113,7 @@ if [[ "$part" == all || "$part" == verify ]]; then
         --iters 2 --json-out "$OUT/resnet.json"
     step 60 engine "$PY" benchmarks/bench_engine.py --device cuda --iters 60 --loop-iters 2 \
         --check --json-out "$OUT/engine.json"
+    step 40 keystream "$PY" benchmarks/bench_keystream.py  # its JSON goes to session.log
     echo "== done at $((SECONDS - start))s" | tee -a "$OUT/session.log"
     exit 0
 fi

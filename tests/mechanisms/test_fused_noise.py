@@ -48,14 +48,15 @@ def _setup(spec: str, size: int, seed: int = 3):
     return topo.n, edges, list(secrets.edge_keys()), node_keys
 
 
-def test_keystream_kernel_is_openssl_chacha20_bit_for_bit() -> None:
+@pytest.mark.parametrize("tiled", [True, False])  # False: the 16-store reference layout
+def test_keystream_kernel_is_openssl_chacha20_bit_for_bit(tiled: bool) -> None:
     keys = [hashlib.sha256(f"k{i}".encode()).digest() for i in range(3)]
     counter, substream, n_blocks = 2**33 + 7, 5, 37
     words = np.frombuffer(b"".join(keys), dtype="<u4").reshape(-1, 8).view(np.int32)
     key_words = torch.from_numpy(words.copy()).to(DEVICE)
     out = torch.empty((3, n_blocks * 16), dtype=torch.int32, device=DEVICE)
     nonce = np.frombuffer(fused_noise._nonce(counter, substream)[4:], dtype="<u4").tolist()
-    prng._chacha20_kernel[(1, 3)](key_words, out, n_blocks, *nonce, 0, 3, BLOCK=64)
+    prng._chacha20_kernel[(1, 3)](key_words, out, n_blocks, *nonce, 0, 3, BLOCK=64, TILED=tiled)
     for k, key in enumerate(keys):
         want = keystream(key, counter, n_blocks * 64, substream=substream)
         assert out[k].cpu().numpy().tobytes() == want

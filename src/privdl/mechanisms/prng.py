@@ -170,7 +170,16 @@ if triton is not None:
 
     @triton.jit
     def _chacha20_kernel(
-        key_ptr, out_ptr, n_blocks, n0, n1, n2, first_stream, n_streams, BLOCK: tl.constexpr
+        key_ptr,
+        out_ptr,
+        n_blocks,
+        n0,
+        n1,
+        n2,
+        first_stream,
+        n_streams,
+        BLOCK: tl.constexpr,
+        TILED: tl.constexpr = False,
     ):
         """RFC 8439 block function: stream ``first_stream + program_id(1)`` with key words
         ``key_ptr[s, 0:8]``, block counter = block index, nonce words ``(n0, n1, n2)``; BLOCK
@@ -217,23 +226,59 @@ if triton is not None:
             x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
             x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
         slab = step * n_streams + stream
-        out = out_ptr + slab * n_blocks * 16 + block * 16
-        tl.store(out + 0, (x0 + s0).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 1, (x1 + s1).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 2, (x2 + s2).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 3, (x3 + s3).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 4, (x4 + s4).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 5, (x5 + s5).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 6, (x6 + s6).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 7, (x7 + s7).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 8, (x8 + s8).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 9, (x9 + s9).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 10, (x10 + s10).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 11, (x11 + s11).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 12, (x12 + s12).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 13, (x13 + s13).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 14, (x14 + s14).to(tl.int32, bitcast=True), mask=inside)
-        tl.store(out + 15, (x15 + s15).to(tl.int32, bitcast=True), mask=inside)
+        offs = (slab * n_blocks + block.to(tl.int64)) * 16
+        if TILED:
+            # the 16 words of each block as one (BLOCK, 16) tile: a thread stores its block's
+            # 64 contiguous bytes in wide stores instead of 16 scattered 4-byte ones. The same
+            # bytes (tested in Triton's interpreter); not yet compiled or timed on a GPU
+            # (benchmarks/bench_keystream.py, docs/gpu.md), so not the default
+            tile = _tile16(
+                x0 + s0, x1 + s1, x2 + s2, x3 + s3, x4 + s4, x5 + s5, x6 + s6, x7 + s7,
+                x8 + s8, x9 + s9, x10 + s10, x11 + s11, x12 + s12, x13 + s13, x14 + s14,
+                x15 + s15, BLOCK,
+            )  # fmt: skip
+            word = tl.arange(0, 16)
+            tl.store(
+                out_ptr + offs[:, None] + word[None, :],
+                tile.to(tl.int32, bitcast=True),
+                mask=inside[:, None],
+            )
+        else:  # the default, measured on H100/H200: 16 scattered 4-byte stores
+            _store_words(out_ptr + offs, inside, x0 + s0, x1 + s1, x2 + s2, x3 + s3, x4 + s4,
+                         x5 + s5, x6 + s6, x7 + s7, x8 + s8, x9 + s9, x10 + s10, x11 + s11,
+                         x12 + s12, x13 + s13, x14 + s14, x15 + s15)  # fmt: skip
+
+    @triton.jit
+    def _store_words(out, inside, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13,
+                     w14, w15):  # fmt: skip
+        """Word k of each block at ``out + k``, one 4-byte store per word (64-byte stride)."""
+        tl.store(out + 0, w0.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 1, w1.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 2, w2.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 3, w3.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 4, w4.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 5, w5.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 6, w6.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 7, w7.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 8, w8.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 9, w9.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 10, w10.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 11, w11.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 12, w12.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 13, w13.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 14, w14.to(tl.int32, bitcast=True), mask=inside)
+        tl.store(out + 15, w15.to(tl.int32, bitcast=True), mask=inside)
+
+    @triton.jit
+    def _tile16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                BLOCK: tl.constexpr):  # fmt: skip
+        """``T[b, w] = x_w[b]``: joins of words (k, k+8), then (k, k+4), (k, k+2), (k, k+1)
+        give ``[b, i, j, l, m] = x_{8i + 4j + 2l + m}``, which reshapes row-major to (BLOCK, 16)."""
+        a0, a1, a2, a3 = tl.join(x0, x8), tl.join(x1, x9), tl.join(x2, x10), tl.join(x3, x11)
+        a4, a5, a6, a7 = tl.join(x4, x12), tl.join(x5, x13), tl.join(x6, x14), tl.join(x7, x15)
+        b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
+        c0, c1 = tl.join(b0, b2), tl.join(b1, b3)
+        return tl.reshape(tl.join(c0, c1), (BLOCK, 16))
 
 
 def _triton_chacha20_kernel() -> Any:
