@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import privdl.distributed_runner  # noqa: F401 - imported once here; the forked ranks inherit it
 from privdl.cli.main import main as cli_main
 from privdl.loop import train as sp_train
 from privdl.records import RunRecords
