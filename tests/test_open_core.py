@@ -30,7 +30,7 @@ from privdl.recipes.federated import FederatedRecipe
 from privdl.recipes.gossip import GossipRecipe
 from privdl.recipes.porter import PorterRecipe
 from privdl.recipes.privsgp import PrivSGPRecipe
-from privdl.records import RunRecords
+from privdl.records import RunRecords, merged_shards
 from privdl.registry import algorithms, make_config
 from privdl.tasks import UserObjects
 
@@ -137,10 +137,11 @@ def test_every_registered_algorithm_on_two_processes_equals_one(name, tmp_path):
     one = fit(make_config({"algorithm": name, **opts}), tmp_path / "one", progress=False, user=user)
     codes = run_ranks(2, _launched, (name, str(tmp_path / "two")), timeout=180)
     assert codes == [0, 0]
-    a = RunRecords(tmp_path / "one").load_checkpoint()
-    b = RunRecords(tmp_path / "two").load_checkpoint()
-    assert a["t"] == b["t"] == one.summary["steps_done"]
     exact = not algorithms()[name].recipe.replicated
+    a = RunRecords(tmp_path / "one").load_checkpoint()
+    # node rows: each rank keeps its own checkpoint (merged here); a server's model: rank 0's
+    b = merged_shards(tmp_path / "two") if exact else RunRecords(tmp_path / "two").load_checkpoint()
+    assert a["t"] == b["t"] == one.summary["steps_done"]
     for k in a["params"]:
         if exact:  # gossip: every row is computed by the same ops in either layout
             assert torch.equal(a["params"][k], b["params"][k]), k
@@ -153,7 +154,20 @@ def test_every_registered_algorithm_on_two_processes_equals_one(name, tmp_path):
         ]
         for d in (tmp_path / "one", tmp_path / "two")
     ]
+    for r in rows[1]:  # every rank knows the seed: no insider's threat model is claimed
+        if r.get("privacy"):
+            assert r["privacy"]["threat_model"] in ("eavesdropper", "central"), r["privacy"]
+    rows = [[_numbers(r) for r in run] for run in rows]
     assert rows[0] == rows[1] if exact else _close(rows[0], rows[1])
+
+
+def _numbers(row: dict) -> dict:
+    """A row without its privacy label (threat model, notes, who can rebuild the noise), which
+    a launched seeded run states for an outsider; its numbers stay."""
+    if not row.get("privacy"):
+        return row
+    label = ("threat_model", "notes", "rebuild")
+    return {**row, "privacy": {k: v for k, v in row["privacy"].items() if k not in label}}
 
 
 def _close(a, b, rel: float = 1e-9) -> bool:
@@ -188,7 +202,7 @@ def test_a_toy_algorithm_from_a_test_file_trains_resumes_and_launches(tmp_path):
             "batch_mean", "--epsilon", "5", "--dtype", "float64", "--set", "beta=0.7", "--lr",
             "0.05", "--out", str(tmp_path / "launched"), "--no-progress"]  # fmt: skip
     assert cli_main(args) == 0
-    ckpt = RunRecords(tmp_path / "launched").load_checkpoint()
+    ckpt = merged_shards(tmp_path / "launched")
     for k in full.params:
         assert torch.equal(ckpt["params"][k], full.params[k])
     # the registry lists it, with where it came from

@@ -363,8 +363,14 @@ def _run_dir(d: Path) -> dict[str, Any]:
             data.pop("config", None)  # the config's layout may change; its values drive the rest
             rec[name] = _strip(data)
     ckpt = d / "checkpoint.pt"
+    data = None
     if ckpt.is_file():
         data = torch.load(ckpt, map_location="cpu", weights_only=True)
+    elif (d / "checkpoints").is_dir():  # a launched run: each rank's own nodes, merged here
+        from privdl.records import merged_shards
+
+        data = merged_shards(d)
+    if data is not None:
         keep = {k: v for k, v in data.items() if k in ("params", "state", "t", "aggregator")}
         rec["checkpoint"] = _tensor_digests(keep)
         rec["checkpoint_t"] = data.get("t")

@@ -4,9 +4,11 @@ The training loop is :mod:`privdl.loop`'s, unchanged; what a multi-process run b
 :class:`DistributedWorld`: the process group (gloo on CPU, NCCL on GPU), a
 :class:`~privdl.comm.distributed.DistributedCommunicator` that owns this rank's block of nodes,
 broadcasts of rank 0's decisions, and where the keys of a ``key_source = "os"`` run are kept
-(each rank's own file ``OUT/keys/rank-R.pt``, never gathered into the checkpoint). Checkpoints
-hold every shard's state in the single-process format, so a run can be resumed with another
-number of processes, or by ``privdl run --resume``.
+(each rank's own file ``OUT/keys/rank-R.pt``, never gathered into the checkpoint). Each rank
+checkpoints its own nodes' rows (``OUT/checkpoints/rank-R-of-W-step-T.pt``; a federated run's
+server model is rank 0's ``checkpoint.pt``), so no rank holds another rank's state (a
+PrivSGP-VR node's SAGA table is raw gradients of its data): a run resumes with the same number
+of processes under ``privdl launch --resume`` (docs/security.md s.1).
 
 Entry point for processes started by ``privdl launch``: ``python -m privdl.distributed_runner``
 (reads its job from ``PRIVDL_LAUNCH_SPEC``). A job names the files that registered algorithms
@@ -41,8 +43,9 @@ from privdl.comm.distributed import (
 )
 from privdl.config import CommonConfig
 from privdl.errors import PrivdlError, ReportedError
-from privdl.loop import World, fit, key_fields, set_keys
+from privdl.loop import World, fit, key_fields, refuse_edited_config, set_keys
 from privdl.recipes.base import Run
+from privdl.records import RunRecords, load_torch_safe, plain_data, save_torch_atomic
 from privdl.registry import make_config
 
 __all__ = ["DistributedWorld", "import_plugins", "run_worker", "worker_main"]
@@ -130,6 +133,69 @@ class DistributedWorld(World):
     def annotate_checkpoint(self, run: Run, state: Any, ckpt: dict[str, Any]) -> None:
         """Which rank key files go with the checkpoint (public; the keys stay in them)."""
         ckpt["key_run_id"] = run.notes["key_run_id"]
+
+    # -- each rank's own checkpoint ------------------------------------------------------------
+    def checkpoint_path(self, records: RunRecords, step: int) -> Path:
+        return records.shard_path(self.rank, self.size, step)
+
+    def save_shard(self, records: RunRecords, ckpt: dict[str, Any]) -> None:
+        """Save this rank's own rows (``checkpoints/rank-R-of-W-step-T.pt``, 0600), wait until
+        every rank has saved step T, then drop this rank's older files (and rank 0 the gathered
+        ``checkpoint.pt`` of an earlier privdl or of a one-process start): a rank killed
+        mid-way leaves the previous step whole on every rank."""
+        t = int(ckpt["t"])
+        path = records.shard_path(self.rank, self.size, t)
+        problem = None
+        try:
+            records.shards_dir.mkdir(mode=0o700, exist_ok=True)
+            save_torch_atomic(path, plain_data({**ckpt, "world": self.size}))
+        except OSError as exc:
+            problem = f"rank {self.rank}: cannot write {path} ({exc.strerror or exc})"
+        first = next((p for p in self.all_gather(problem) if p), None)
+        if first is not None:
+            raise PrivdlError(first) if self.rank == 0 else ReportedError(first)
+        for (_, world, step), old in records.shard_files(self.rank).items():
+            if (world, step) != (self.size, t):
+                old.unlink(missing_ok=True)
+        if self.rank == 0:
+            records.checkpoint_path.unlink(missing_ok=True)
+
+    def load_shard(self, run: Run, records: RunRecords) -> dict[str, Any] | None:
+        """This rank's own checkpoint of the latest step every rank saved (each rank reads
+        only its own file; only the file names' steps are exchanged), or None where the ranks
+        saved none in common (a gathered ``checkpoint.pt``, if any, is then resumed). A run
+        launched on another number of processes, a file of another rank or run, or one written
+        under another configuration is refused in one line."""
+        mine = records.shard_files(self.rank)
+        everyone = self.all_gather(sorted((w, t) for (_, w, t) in mine))
+        worlds = {w for have in everyone for (w, _) in have}
+        problem: str | None = None
+        ckpt: dict[str, Any] | None = None
+        common = set.intersection(*(set(have) for have in everyone))
+        if worlds - {self.size}:
+            n = max(worlds - {self.size})
+            problem = (
+                f"this run was launched with {n} processes and each rank keeps its own "
+                f"checkpoint: resume it with --nproc {n}"
+            )
+        elif common:
+            world, t = max(common)
+            path = mine[(self.rank, world, t)]
+            fix = "the run cannot be resumed from it"
+            try:
+                ckpt = load_torch_safe(path, fix=fix)
+                if not isinstance(ckpt, dict) or not {"t", "owned", "params"} <= set(ckpt):
+                    problem = f"{path} is not a privdl checkpoint; {fix}"
+                elif ckpt["t"] != t or ckpt["owned"] != run.comm.owned_list:
+                    problem = f"{path} holds another rank's or step's nodes; {fix}"
+                else:
+                    refuse_edited_config(ckpt, run.cfg, records)
+            except PrivdlError as exc:
+                problem = f"rank {self.rank}: {exc}"
+        first = next((p for p in self.all_gather(problem) if p), None)
+        if first is not None:
+            raise PrivdlError(first) if self.rank == 0 else ReportedError(first)
+        return ckpt
 
 
 def _key_file(out_dir: Path, rank: int) -> Path:

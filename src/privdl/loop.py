@@ -40,7 +40,7 @@ from privdl.comm.local import LocalCommunicator
 from privdl.config import CommonConfig, format_validation_error
 from privdl.errors import ConfigError, PrivdlError, ReportedError
 from privdl.mechanisms.identity import Authenticator, Roster, load_identities
-from privdl.recipes.base import KEY_FIELDS, Recipe, Run
+from privdl.recipes.base import KEY_FIELDS, Recipe, Run, seed_shared
 from privdl.records import RecordsWarning, RunRecords, missing_steps, steps_text, write_record
 from privdl.registry import get_entry, make_config, recipe_for
 
@@ -100,6 +100,19 @@ class World:
     def annotate_checkpoint(self, run: Run, state: Any, ckpt: dict[str, Any]) -> None:
         """What a ``key_source = "os"`` checkpoint keeps of the keys (one process: the keys)."""
         ckpt["keys"] = checkpoint_keys(run, state)
+
+    def checkpoint_path(self, records: RunRecords, step: int) -> Path:
+        """Where this process's checkpoint of ``step`` is (one process: ``checkpoint.pt``)."""
+        return records.checkpoint_path
+
+    def save_shard(self, records: RunRecords, ckpt: dict[str, Any]) -> None:
+        """Save this process's own checkpoint (collective; several processes only)."""
+        raise NotImplementedError
+
+    def load_shard(self, run: Run, records: RunRecords) -> dict[str, Any] | None:
+        """This process's own checkpoint of the latest step every process saved, or None
+        (collective; several processes only)."""
+        raise NotImplementedError
 
 
 class LocalWorld(World):
@@ -377,11 +390,14 @@ def run_loop(
                 evaluated = True
                 row, ckpt = run.evaluate(state, time.perf_counter() - start_wall)
                 stop = False
+                if run.sharded and ckpt is not None:  # every rank its own, before the row
+                    save_checkpoint(ckpt, state)
                 if records is not None and row is not None and ckpt is not None:
                     if not _finite(row):
                         row["diverged"] = True
-                    save_checkpoint(ckpt, state)
-                    _call(options.callbacks, "on_checkpoint", records.checkpoint_path, t)
+                    if not run.sharded:
+                        save_checkpoint(ckpt, state)
+                    _call(options.callbacks, "on_checkpoint", world.checkpoint_path(records, t), t)
                     if t not in have:
                         records.append(row)
                         _call(options.callbacks, "on_evaluate", row)
@@ -517,6 +533,19 @@ def refuse_edited_config(
         )
 
 
+def refuse_shards(records: RunRecords) -> None:
+    """One process cannot resume a launched run whose ranks keep their own checkpoints (it
+    would have to read every rank's data): one line naming the command that can."""
+    worlds = {w for (_, w, _) in records.shard_files()}
+    if worlds:
+        n = max(worlds)
+        raise PrivdlError(
+            f"{records.dir} was launched on {n} processes and each keeps its own checkpoint "
+            f"({records.shards_dir.name}/): resume it with privdl launch --nproc {n} --resume "
+            f"{records.dir}"
+        )
+
+
 def _misfit(run: Run, ckpt: dict[str, Any]) -> str | None:
     """Why an earlier privdl's checkpoint (no config in it) cannot hold this run's nodes' models
     (another shape), or None. A server's model (``replicated``) is not checked."""
@@ -593,6 +622,8 @@ def fit(
                     if on_start is not None:
                         on_start(records, cfg)
                     done = records.summary()
+                    if done is None and world.size == 1:
+                        refuse_shards(records)
                     if done is None:
                         ckpt = records.load_checkpoint()
                         refuse_edited_config(ckpt, cfg, records)
@@ -617,7 +648,7 @@ def fit(
                 error = exc
         status = None if error is None else str(error)
         dump = cfg.model_dump() if isinstance(cfg, CommonConfig) and status is None else None
-        dump, status, finished = world.broadcast((dump, status, done is not None))
+        dump, status, finished, resume = world.broadcast((dump, status, done is not None, resume))
         if not world.is_writer and dump is not None:  # plain data on the wire: rebuilt here
             cfg = config_from_dump(dump)
         if status is not None:  # rank 0 raises it; the others exit quietly with code 2
@@ -633,6 +664,10 @@ def fit(
             ckpt = world.broadcast(ckpt)
         if run is None:
             run = build_run(cfg, world=world, calibrated=True, user=user)
+        if run.sharded and resume:  # each rank's own checkpoint, newer than a gathered one
+            shard = world.load_shard(run, records)
+            if shard is not None:
+                ckpt = shard
         if cfg.key_source == "os":
             state = world.os_state(run, Path(out_dir), ckpt)
         else:
@@ -645,16 +680,26 @@ def fit(
                     f"{records.checkpoint_path} does not fit the run in {records.dir}/config.json "
                     f"({misfit}); was config.json edited? the run cannot be resumed"
                 )
-            state = run.recipe.restore(run, state, ckpt)
+            if "owned" in ckpt:  # this rank's own rows
+                state = run.recipe.restore_shard(run, state, ckpt)
+            else:  # every node's (one process's, or a launched run's of an earlier privdl)
+                state = run.recipe.restore(run, state, ckpt)
             wall = float(ckpt.get("wall_time", 0.0))
+            if ckpt.get("seed_shared"):  # once launched with the seed's keys, always labelled so
+                run.notes["seed_shared"] = True
 
         os_keys = cfg.key_source == "os"
 
         def save(ck: dict[str, Any], at: Any) -> None:
             ck["config"] = cfg.model_dump()  # what a resume checks config.json against
+            if seed_shared(run):
+                ck["seed_shared"] = True  # every rank had the seed: the records' label follows
             if os_keys:
                 world.annotate_checkpoint(run, at, ck)
-            records.save_checkpoint(ck)
+            if run.sharded:
+                world.save_shard(records, ck)
+            else:
+                records.save_checkpoint(ck)
 
         options = _Loop(progress, stop_after, callbacks, dict(extra or {}))
         writer_records = records if world.is_writer else None

@@ -8,6 +8,7 @@ Layout of a run directory::
     calibration.json  the calibrated noise levels (accounted and nominal), when calibrated
     metrics.jsonl     one JSON object per evaluation, appended (never rewritten)
     checkpoint.pt     the latest state (written atomically before its metrics line)
+    checkpoints/      a launched run's: each rank's own rows, rank-R-of-W-step-T.pt (0600)
     summary.json      written last, atomically: its presence means the run completed
 
 Every JSON file and every metrics row carries ``schema_version`` (:data:`SCHEMA_VERSION`) and
@@ -25,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -206,6 +208,10 @@ def environment() -> dict[str, Any]:
     }
 
 
+#: The folder of a launched run's rank checkpoints, and their names.
+SHARDS_DIR = "checkpoints"
+_SHARD_NAME = re.compile(r"rank-(\d+)-of-(\d+)-step-(\d+)\.pt")
+
 #: The files of a run directory written through a temporary file and a rename.
 _ATOMIC_FILES = (
     "checkpoint.pt", "config.json", "environment.json", "calibration.json", "summary.json",
@@ -237,6 +243,24 @@ class RunRecords:
     @property
     def summary_path(self) -> Path:
         return self.dir / "summary.json"
+
+    @property
+    def shards_dir(self) -> Path:
+        """Where each rank of a launched run keeps its own checkpoints (never gathered)."""
+        return self.dir / SHARDS_DIR
+
+    def shard_path(self, rank: int, world: int, step: int) -> Path:
+        """Rank ``rank``'s checkpoint (of ``world`` ranks) at ``step``."""
+        return self.shards_dir / f"rank-{rank}-of-{world}-step-{step}.pt"
+
+    def shard_files(self, rank: int | None = None) -> dict[tuple[int, int, int], Path]:
+        """``(rank, world, step) -> path`` of the rank checkpoints here (``rank``: one rank's)."""
+        found = {}
+        for p in self.shards_dir.glob("rank-*-of-*-step-*.pt"):
+            m = _SHARD_NAME.fullmatch(p.name)
+            if m is not None and (rank is None or int(m[1]) == rank):
+                found[(int(m[1]), int(m[2]), int(m[3]))] = p
+        return found
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -282,6 +306,10 @@ class RunRecords:
                 if len(p.name) == len(name) + 10 and p.is_file():  # mkstemp's 8 characters
                     p.unlink(missing_ok=True)
                     removed.append(p)
+        for p in self.shards_dir.glob(".rank-*.pt.*"):  # a killed rank's half-written one
+            if p.is_file():
+                p.unlink(missing_ok=True)
+                removed.append(p)
         return removed
 
     def start(self, config: dict[str, Any], *, overwrite: bool = False) -> None:
@@ -296,6 +324,7 @@ class RunRecords:
             if p.exists():
                 p.unlink()
         shutil.rmtree(self.dir / "keys", ignore_errors=True)  # an earlier run's rank key files
+        shutil.rmtree(self.shards_dir, ignore_errors=True)  # and its ranks' checkpoints
         write_record(self.dir / "config.json", config)
         write_record(self.dir / "environment.json", environment())
 
@@ -389,6 +418,31 @@ class RunRecords:
         if not isinstance(summary, dict):
             raise PrivdlError(f"{self.summary_path} is corrupt (not a JSON object)")
         return dict(nonfinite_as_null(summary))
+
+
+def merged_shards(directory: str | Path) -> dict[str, Any]:
+    """Every node's rows of a launched run's latest checkpoint that every rank saved, in the
+    one-process format (``t``, ``params``, ``state``, node rows in rank order): for whoever
+    holds every rank's files (one machine's run, a test). No rank of a run calls this: each
+    reads only its own file. A directory without such a set is a one-line error."""
+    import torch
+
+    records = RunRecords(directory)
+    files = records.shard_files()
+    steps: dict[tuple[int, int], set[int]] = {}
+    for rank, world, step in files:
+        steps.setdefault((world, step), set()).add(rank)
+    whole = [ws for ws, ranks in steps.items() if ranks == set(range(ws[0]))]
+    if not whole:
+        raise PrivdlError(f"{records.dir} holds no checkpoint saved by every rank of a launch")
+    world, step = max(whole, key=lambda ws: ws[1])
+    fix = "it cannot be merged"
+    parts = [load_torch_safe(files[(r, world, step)], fix=fix) for r in range(world)]
+    merged: dict[str, Any] = {"t": step}
+    for name in ("params", "state"):
+        if parts[0].get(name):
+            merged[name] = {k: torch.cat([p[name][k] for p in parts]) for k in parts[0][name]}
+    return merged
 
 
 def missing_steps(have: set[Any], *, eval_every: int, steps: int, upto: int) -> list[int]:

@@ -51,6 +51,25 @@ def _rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+#: What differs between a launched seeded run's privacy records and the simulator's: the label
+LABEL = ("threat_model", "notes", "rebuild")
+
+
+def _assert_launched_label(launched: dict, single: dict) -> None:
+    """A launched run with the seed's keys: every rank (the server, rank 0, among them) knows
+    the seed and can rebuild every client's noise, so its records must not claim epsilon
+    against the server (issue 29); the numbers are the simulator's, labelled for an
+    eavesdropper who does not know the seed."""
+    assert single["threat_model"] == "server"
+    assert launched["threat_model"] == "eavesdropper", launched
+    assert {k: v for k, v in launched.items() if k not in LABEL} == {
+        k: v for k, v in single.items() if k not in LABEL
+    }
+    assert launched["notes"].startswith(single["notes"])
+    assert "not against the server" in launched["notes"]
+    assert "every rank" in launched["rebuild"]["every client's noise"]
+
+
 def _assert_rows_close(a: list[dict], b: list[dict]) -> None:
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for ra, rb in zip(a, b, strict=True):
@@ -59,7 +78,10 @@ def _assert_rows_close(a: list[dict], b: list[dict]) -> None:
             assert ra[key] == pytest.approx(rb[key], rel=1e-10, abs=1e-12)
         assert ra.get("weights") == rb.get("weights")  # rounded to 6 decimals
         assert ra.get("client_epsilons") == rb.get("client_epsilons")
-        assert ra.get("privacy") == rb.get("privacy")
+        if rb.get("privacy") is not None:
+            _assert_launched_label(ra["privacy"], rb["privacy"])
+        else:
+            assert ra.get("privacy") is None
 
 
 def _params(run_dir: Path) -> dict:
@@ -86,7 +108,8 @@ def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, cap
     assert "(largest client)" in printed
     # every client's epsilon with the label they share (pinned to rdp above)
     assert "clients' epsilons (each client's, delta=" in printed
-    assert ", rdp, server, example-level, add_remove): 1, 2, " in printed
+    assert ", rdp, eavesdropper, example-level, add_remove): 1, 2, " in printed
+    assert "not against the server" in printed and ", server," not in printed
     _assert_rows_close(_rows(out), _rows(single))
     a, b = _params(out), _params(single)
     for k in b:
@@ -97,6 +120,12 @@ def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, cap
     cal = json.loads((out / "calibration.json").read_text())
     single_cal = json.loads((single / "calibration.json").read_text())
     assert cal.pop("timestamp") and single_cal.pop("timestamp")  # when, not what
+    for c, sc in zip(cal.pop("clients"), single_cal.pop("clients"), strict=True):
+        _assert_launched_label(
+            {**c.pop("accounted"), "rebuild": summary["final"]["privacy"]["rebuild"]},
+            sc.pop("accounted"),
+        )
+        assert c == sc
     assert cal == single_cal
 
 

@@ -465,12 +465,24 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
     )
     click.echo(f"privacy: {privacy_text(final.get('privacy'))}")
     cfg = summary.get("config") or {}
-    if final.get("privacy") and cfg.get("key_source", "seed") == "seed":
+    federated = cfg.get("graph") == "server"
+    priv = final.get("privacy") or {}
+    # launched with the seed's keys (or resumed from such a run): every rank knows the seed
+    shared = summary.get("distributed") or (federated and priv.get("threat_model") != "server")
+    if priv and cfg.get("key_source", "seed") == "seed" and shared:
+        insider = "the server" if federated else "the nodes"
+        click.echo(
+            f"noise: from --seed, which every rank knows ({insider} among them, who can rebuild "
+            "it): the epsilon holds only against an eavesdropper who does not know the seed, "
+            f"not against {insider}; --key-source os keeps each "
+            f"{'client' if federated else 'node'}'s keys with its rank"
+        )
+    elif priv and cfg.get("key_source", "seed") == "seed":
         # as Opacus without secure_mode: fine for experiments, not for deployment
         click.echo(
             "noise: drawn from --seed's generator (a reproducible simulation: whoever knows the "
             "seed can rebuild it); --key-source os seeds it from the OS"
-            if cfg.get("graph") == "server"
+            if federated
             else "keys: derived from --seed (a reproducible simulation: whoever knows the seed "
             "can rebuild the noise and the batches drawn); --key-source os draws them from the OS"
         )

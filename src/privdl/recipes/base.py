@@ -30,7 +30,7 @@ from privdl.errors import ConfigError, PrivdlError
 from privdl.tasks import build_task
 from privdl.tree import Tree, consensus_distance
 
-__all__ = ["Recipe", "Run", "export_state", "import_state"]
+__all__ = ["Recipe", "Run", "export_state", "import_state", "outsider_label", "seed_shared"]
 
 #: State fields that are not saved: derived from the seed and the node ids on every start.
 DERIVED = ("t", "seed", "noise_keys", "edge_keys", "nodes")
@@ -113,6 +113,13 @@ class Recipe:
         pairwise noise the ranks of both ends (each keeps its edge secrets)."""
         party = self.party
         if run.cfg.key_source != "os":
+            if seed_shared(run):
+                return {
+                    f"every {party}'s noise": "whoever knows the seed: every rank of the "
+                    "launched run, rank 0 (the writer of the records"
+                    + (", and the server)" if self.replicated else ")")
+                    + " among them"
+                }
             return {f"every {party}'s noise": "whoever knows the seed"}
         if run.comm.world_size == 1:
             return {
@@ -163,6 +170,25 @@ class Recipe:
             ckpt["state"] = {k: v.cpu() for k, v in tensors.items()}
         return ckpt
 
+    def shard_checkpoint(self, run: Run, state: Any) -> dict[str, Any]:
+        """This process's own rows of the checkpoint, on the CPU: what each rank of a launched
+        run keeps in its own file (nothing of another rank's nodes: their SAGA tables hold
+        un-noised gradients of their data, docs/security.md s.1)."""
+        tensors = export_state(state)
+        ckpt: dict[str, Any] = {
+            "params": {k: v.detach().cpu() for k, v in state.params.items()},
+            "t": state.t,
+            "owned": run.comm.owned_list,
+        }
+        if tensors:
+            ckpt["state"] = {k: v.detach().cpu() for k, v in tensors.items()}
+        return ckpt
+
+    def restore_shard(self, run: Run, state: Any, ckpt: dict[str, Any]) -> Any:
+        """``state`` (a fresh ``init``) with this process's own checkpoint put back."""
+        params = {k: v.to(run.device) for k, v in ckpt["params"].items()}
+        return import_state(state, params, ckpt.get("state") or {}, t=int(ckpt["t"]))
+
     def restore(self, run: Run, state: Any, ckpt: dict[str, Any]) -> Any:
         """``state`` (a fresh ``init``) with the checkpoint's rows of this process put back."""
         full = {k: v.to(run.device) for k, v in ckpt["params"].items()}
@@ -190,6 +216,12 @@ class Run:
     def device(self) -> torch.device:
         return torch.device(self.cfg.device)
 
+    @property
+    def sharded(self) -> bool:
+        """Whether each process checkpoints its own nodes' rows (several processes owning node
+        rows); a server's model (``replicated``) is rank 0's to checkpoint."""
+        return self.comm.world_size > 1 and not self.recipe.replicated
+
     def init_state(self) -> Any:
         """``algorithm.init`` on this process's rows of ``x^0`` (a server's model: all of it)."""
         params = self.recipe.initial_params(self.cfg, self.task)
@@ -206,24 +238,36 @@ class Run:
     def evaluate(
         self, state: Any, wall: float
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """The metrics row and the checkpoint at ``state.t`` (every process gathers; the writer,
-        rank 0, gets them, the others ``(None, None)``)."""
-        params, tensors = self.recipe.gather(self, state)
+        """The metrics row and the checkpoint at ``state.t`` (every process gathers the models;
+        the writer, rank 0, gets the row, the others None). A :attr:`sharded` run's checkpoint
+        is every process's own rows; otherwise the writer's holds every node's (None elsewhere)."""
+        tensors: dict[str, torch.Tensor] = {}
+        ckpt: dict[str, Any] | None = None
+        if self.sharded:  # the models for the metrics; the state stays with its rank
+            params = self.comm.all_gather_nodes(state.params)
+            ckpt = {**self.recipe.shard_checkpoint(self, state), "wall_time": wall}
+        else:
+            params, tensors = self.recipe.gather(self, state)
         if not self.comm.is_writer:
-            return None, None
+            return None, ckpt
         row: dict[str, Any] = {"step": state.t, "wall_time": round(wall, 4)}
         row.update(self.recipe.metrics(self, state, params))
         priv = self.privacy(state.t) if self.privacy is not None else None
         if priv is not None:
             row["privacy"] = priv
         if isinstance(row.get("privacy"), dict):  # who could rebuild the noise, per party
-            row["privacy"] = {**row["privacy"], "rebuild": self.recipe.noise_rebuild(self)}
-        ckpt = self.recipe.checkpoint(self, state, params, tensors)
-        ckpt["wall_time"] = wall
+            spent = row["privacy"]
+            if seed_shared(self):  # and the label follows: not against whoever can
+                spent = outsider_label(spent, self)
+            row["privacy"] = {**spent, "rebuild": self.recipe.noise_rebuild(self)}
+        if ckpt is None:
+            ckpt = self.recipe.checkpoint(self, state, params, tensors)
+            ckpt["wall_time"] = wall
         return row, ckpt
 
     def calibration(self) -> dict[str, Any] | None:
-        return self.recipe.calibration_record(self)
+        record = self.recipe.calibration_record(self)
+        return outsider_label(record, self) if record and seed_shared(self) else record
 
     def accounted_record(self, delta: float) -> dict[str, Any]:
         """The start of a calibration record: the target, its delta, and the calibrated sigma
@@ -234,6 +278,54 @@ class Run:
             "delta": delta,
             "accounted": {"sigma": self.cfg.sigma, **priv},
         }
+
+
+#: Threat models whose adversary is an outsider of the run (no party's secrets): they stay
+#: honest when every party knows the seed. Every other (a server, curious nodes, colluders, the
+#: receivers of LDP messages) is an insider of a launched run, where every rank has the seed.
+OUTSIDER_THREATS = ("eavesdropper", "central")
+#: The note of a launched run with keys from the seed (docs/security.md s.1).
+SEED_SHARED_NOTE = (
+    "launched with keys from the seed, which every rank knows (rank 0{server} among them): "
+    "any rank can rebuild every {party}'s noise, so this epsilon is certified only against an "
+    "eavesdropper who sees every message and does not know the seed, not against {insider} "
+    "(--key-source os keeps each {party}'s keys with the rank that owns it)"
+)
+
+
+def seed_shared(run: Run) -> bool:
+    """Whether insiders of ``run`` know the seed its keys come from: a ``key_source = "seed"``
+    run on several processes (every rank holds the seed), or resumed from one that was. One
+    process with the seed is a simulation (its notes say who can rebuild the noise)."""
+    if run.notes.get("seed_shared"):  # its earlier steps were (a resumed run's checkpoint)
+        return True
+    return run.cfg.key_source != "os" and run.comm.world_size > 1
+
+
+def outsider_label(record: Any, run: Run) -> Any:
+    """``record`` (a privacy record, or a record holding some) with every threat model of an
+    insider (any not in :data:`OUTSIDER_THREATS`) replaced by ``eavesdropper`` and a note saying
+    why: in a launched run with seeded keys the server (or any node's rank) can rebuild the
+    noise, so its epsilon does not hold against it. The numbers stay: an insider's epsilon
+    bounds an eavesdropper too, whose view is the insider's less its secrets (DECOR's SecRDP:
+    the colluders' view is the eavesdropper's plus their edge secrets, docs/accounting.md s.1;
+    the server's view is the updates an eavesdropper on its links sees)."""
+    if isinstance(record, list):
+        return [outsider_label(v, run) for v in record]
+    if not isinstance(record, dict):
+        return record
+    out = {k: outsider_label(v, run) for k, v in record.items()}
+    threat = out.get("threat_model")
+    if isinstance(threat, str) and threat not in OUTSIDER_THREATS:
+        server = run.recipe.replicated
+        note = SEED_SHARED_NOTE.format(
+            server=", the server" if server else "",
+            party=run.recipe.party,
+            insider="the server" if server else f"the {threat} threat model's adversary",
+        )
+        out["threat_model"] = "eavesdropper"
+        out["notes"] = "; ".join(x for x in (out.get("notes"), note) if x)
+    return out
 
 
 def export_state(state: Any) -> dict[str, torch.Tensor]:
