@@ -180,6 +180,11 @@ def test_secure_mode_end_to_end_and_its_refusals(tmp_path, capsys):
     assert exact["epsilon"] == ldp["epsilon"] and "exact sampler (Canonne" in exact["notes"]
     summary = json.loads((tmp_path / "ldp-secure" / "summary.json").read_text())
     assert summary["config"]["noise_mode"] == "secure" and summary["config"]["accountant"] == "rdp"
+    assert summary["config"]["key_source"] == "os"  # secure mode's keys: from the OS by default
+    seeded = privacy("ldp-seeded", [*run, "--noise-mode", "secure", "--key-source", "seed"])
+    assert seeded["epsilon"] == ldp["epsilon"]
+    summary = json.loads((tmp_path / "ldp-seeded" / "summary.json").read_text())
+    assert summary["config"]["key_source"] == "seed"  # a simulation may still ask for the seed
     decor = privacy("decor", ["run", "decor", *common, "--sigma", "0.5", "--sigma-cor", "2",
                               "--noise-mode", "secure"])  # fmt: skip
     assert decor["epsilon"] == ldp["epsilon"] and decor["threat_model"] == "ldp"

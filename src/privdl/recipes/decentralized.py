@@ -63,8 +63,9 @@ class DecentralizedConfig(CommonConfig):
         default="float",
         description="float (default: keyed float32 Gaussian streams) or secure (ldp, decor, cdp, "
         "dpsgd: discrete Gaussians on a power-of-two grid and the clipped gradient snapped to "
-        "it, accounted by RDP at user level; docs/security.md) or secure-exact (the same with "
-        "CKS 2020's exact integer sampler, slower).",
+        "it, accounted by RDP at user level, keys from the OS unless --key-source seed is "
+        "given; docs/security.md) or secure-exact (the same with CKS 2020's exact integer "
+        "sampler, slower).",
     )
 
     @field_validator("sigma")
@@ -106,6 +107,8 @@ class DecentralizedRecipe(Recipe):
                         "default"
                     )
                 cfg = cfg.model_copy(update={"accountant": "rdp"})  # what certifies it, recorded
+            if "key_source" not in given:  # a deployment's mode: keys nobody else can derive
+                cfg = cfg.model_copy(update={"key_source": "os"})
         # (runs saved before this check recorded the then-default "metropolis" for expo: resumable)
         if given.get("mixing") not in (None, "metropolis") and time_varying(cfg.graph):
             raise ConfigError(f"graph {cfg.graph!r} has its own push-sum weights: drop mixing")
