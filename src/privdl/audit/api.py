@@ -139,7 +139,7 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
     if cfg.task != "least-squares" and cfg.sampling != "full":
         raise ConfigError(
             "user-level audits run the least-squares task's full gradients; for example-level "
-            "canaries give dpsgd, decor or ldp sampling poisson"
+            "canaries give dpsgd, decor, ldp, cdp or porter-dp sampling poisson"
         )
     return cfg
 

@@ -43,7 +43,14 @@ def _canary(r: AuditResult) -> str:
 
 
 def _size(r: AuditResult) -> str:
-    return f"{r.one_run['canaries']} canaries, one run" if r.one_run else f"{r.trials} trials"
+    game = r.one_run
+    if not game:
+        return f"{r.trials} trials"
+    if "reference" in game:  # gossip: half the canaries fit the test, half are guessed
+        return (
+            f"{game['canaries'] + game['reference']} canaries ({game['canaries']} guessed), one run"
+        )
+    return f"{game['canaries']} canaries, one run"
 
 
 def suite_table(results: list[AuditResult], kinds: list[str] | None = None) -> list[str]:
