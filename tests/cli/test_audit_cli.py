@@ -88,6 +88,8 @@ def test_one_run_gossip_json():
         ["audit", "--suite", "--known-position", "--out", "x"],
         ["audit", "dpsgd", "--epsilon", "1", "--one-run", "--canaries", "5"],
         ["audit", "--suite", "--one-run", "--out", "x"],
+        ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canary-model", "cnn"],
+        ["audit", "ldp", "--epsilon", "1", "--black-box"],
         ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canaries", "100"],
         ["audit", "porter-gc", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],

@@ -184,7 +184,8 @@ audit = click.Command(
             type=click.FloatRange(0, 1, min_open=True),
             default=0.05,
             show_default=True,
-            help="Example level (dpsgd --sampling poisson): each canary example's inclusion rate.",
+            help="Example level (dpsgd, decor, ldp, cdp, porter-dp --sampling poisson): each "
+            "canary example's inclusion rate.",
         ),
         click.Option(
             ["--one-run"],
