@@ -118,3 +118,35 @@ def batches_in_data_order() -> Iterator[None]:
     with (mock.patch.object(tasks, "step_generator", generator),
           mock.patch.object(tasks, "sample_batches", buggy)):  # fmt: skip
         yield
+
+
+@contextlib.contextmanager
+def shuffled_batches_per_epoch() -> Iterator[None]:
+    """``sampling="poisson"`` served by a loader that shuffles once per epoch: a fresh secret
+    permutation of the local data each epoch (seeded by the run's sampling seed and the epoch),
+    cut into fixed-size batches of ``b`` rows, so every example joins exactly one batch per
+    epoch; the accountant still amplifies by Poisson sampling at ``b / m``."""
+    step: dict[str, tuple[int, int]] = {}
+
+    def generator(seed, purpose, t, device="cpu"):
+        step[purpose] = (int(seed), int(t))
+        return step_generator(seed, purpose, t, device)
+
+    def buggy(counts, batch_size, *, generator, scheme="without_replacement", m_max=None):
+        if scheme != "poisson":
+            return sample_batches(counts, batch_size, generator=generator, scheme=scheme,
+                                  m_max=m_max)  # fmt: skip
+        seed, t = step["batches"]
+        counts = torch.as_tensor(counts, dtype=torch.int64)
+        rows = []
+        for count in counts.tolist():  # setup per node (one node in the audits)
+            per_epoch = max(1, count // batch_size)
+            perm = torch.randperm(count, generator=step_generator(seed, "shuffle", t // per_epoch))
+            at = (t % per_epoch) * batch_size
+            rows.append(perm[at : at + batch_size])
+        index = torch.stack(rows)
+        return BatchIndex(index, torch.ones_like(index, dtype=torch.bool))
+
+    with (mock.patch.object(tasks, "step_generator", generator),
+          mock.patch.object(tasks, "sample_batches", buggy)):  # fmt: skip
+        yield

@@ -134,9 +134,8 @@ def test_example_level_gossip_stays_under_its_accounted_epsilon(algorithm):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"threat_model": "curious"}, "eavesdropper"),
-        ({"one_run": True}, "independent white-box trials"),
-        ({"known_position": True}, "independent white-box trials"),
+        ({"one_run": True}, "independent trials"),
+        ({"known_position": True}, "independent trials"),
     ],
 )
 def test_example_level_gossip_refuses_what_it_does_not_audit(options, message):
@@ -144,3 +143,23 @@ def test_example_level_gossip_refuses_what_it_does_not_audit(options, message):
 
     with pytest.raises(ConfigError, match=message):
         audit("decor", graph="ring:4", sampling="poisson", epsilon=4.0, **options)
+
+
+@pytest.mark.slow
+def test_shuffled_batches_accounted_as_poisson_are_not_told_apart():
+    """A known limitation (docs/auditing.md): a loader that shuffles once per epoch with a
+    secret permutation, accounted as Poisson, certifies no more than the Poisson sampler itself
+    (q = 0.1, one epoch of 10 steps, 16 000 trials): the canary's step within the epoch is
+    secret, and the gap between the two samplers lies where the accountant's epsilon is far above
+    what 10^4 trials can certify. The test measures both and fails if the audit ever tells
+    them apart, which would make this a planted bug to add."""
+    setting = {"sampling": "poisson", "sampling_rate": 0.1, "steps": 10, "sigma": 0.006,
+               "accountant": "rdp", "trials": 16_000, "batch": 2000}  # fmt: skip
+    with bugs.shuffled_batches_per_epoch():
+        shuffled = audit("dpsgd", **setting)
+    poisson = audit("dpsgd", **setting)
+    assert shuffled.within_accounted and poisson.within_accounted
+    assert shuffled.epsilon_lower <= poisson.epsilon_lower + 0.5, (
+        shuffled.epsilon_lower,
+        poisson.epsilon_lower,
+    )

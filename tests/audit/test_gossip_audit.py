@@ -116,7 +116,7 @@ def test_reproducible_and_json_ready():
         ({"algorithm": "porter-gc"}, "not audited yet"),
         ({"algorithm": "ldp", "threat_model": "central"}, "accounted against the 'ldp'"),
         ({"algorithm": "dpsgd", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
-        ({"algorithm": "cdp", "task": "a9a", "sampling": "poisson"}, "user-level audits"),
+        ({"algorithm": "cdp", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
         ({"algorithm": "ldp", "task": "a9a", "sampling": "poisson"}, "makes its own data"),
         ({"algorithm": "dpsgd", "sampling": "poisson", "clip_mode": "batch_mean"}, "per_sample"),
         ({"algorithm": "ldp", "trials": 4}, "trials"),

@@ -131,7 +131,7 @@ def test_one_run_gossip_catches_a_dropped_noise():
         ("decor", {"graph": "ring:4", "epsilon": 1.0, "black_box": True}, "black-box audits"),
         ("dpsgd", {"sampling": "poisson", "sigma": 1.0, "canaries": 5}, "at least 10"),
         ("dpsgd", {"sampling": "poisson", "sigma": 1.0, "canaries": 9000}, "too large"),
-        ("robust-hdp", {"budgets": "4", "black_box": True}, "black-box audits run dpsgd"),
+        ("robust-hdp", {"budgets": "4", "black_box": True}, "black-box audits run input"),
     ],
 )
 def test_bad_one_run_input_is_refused(algorithm, options, message):

@@ -88,6 +88,8 @@ def test_one_run_gossip_json():
         ["audit", "--suite", "--known-position", "--out", "x"],
         ["audit", "dpsgd", "--epsilon", "1", "--one-run", "--canaries", "5"],
         ["audit", "--suite", "--one-run", "--out", "x"],
+        ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canary-model", "cnn"],
+        ["audit", "ldp", "--epsilon", "1", "--black-box"],
         ["audit", "dpsgd", "--sampling", "poisson", "--epsilon", "1", "--canaries", "100"],
         ["audit", "porter-gc", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
@@ -102,12 +104,41 @@ def test_bad_input_is_one_line_and_exit_2(args, capsys):
 
 def test_suite_writes_a_report_and_refuses_to_overwrite_it(tmp_path, capsys):
     out = tmp_path / "audits"
-    assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 0
+    multi = ["--suite-kinds", "multi-run"]
+    assert main(["audit", "--suite", "--trials", "400", "--out", str(out), *multi]) == 0
     report = (out / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 10 and all("| yes |" in row for row in rows)
     assert len(json.loads((out / "summary.json").read_text())) == 10
     assert len(list(out.glob("*.png"))) == 10
     capsys.readouterr()
-    assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 2
+    assert main(["audit", "--suite", "--trials", "400", "--out", str(out), *multi]) == 2
     assert "already holds an audit report" in capsys.readouterr().err
+
+
+def test_suite_kinds_choose_its_audits_and_label_each(tmp_path, capsys):
+    """--suite-kinds known-position: the one known-position audit, its row and JSON entry with
+    its kind, label, confidence and both epsilons."""
+    out = tmp_path / "audits"
+    args = ["audit", "--suite", "--trials", "400", "--suite-kinds", "known-position"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "| known-position | dpsgd | central |" in capsys.readouterr().out
+    (entry,) = json.loads((out / "summary.json").read_text())
+    assert entry["kind"] == "known-position" and entry["confidence"] == 0.95
+    assert entry["label"].startswith(entry["accounted"]["accountant"] + ", example, add_remove")
+    assert entry["epsilon_lower"] <= entry["epsilon_accounted"] == pytest.approx(0.5, abs=1e-3)
+    assert entry["canary"]["position"].startswith("the first rows")
+    assert main([*args[:-1], "one-run,spy", "--out", str(tmp_path / "b")]) == 2
+    assert "suite kinds are" in capsys.readouterr().err
+    assert main(["audit", "ldp", "--suite-kinds", "one-run"]) == 2
+
+
+@pytest.mark.slow
+def test_suite_runs_every_kind_by_default(tmp_path, capsys):
+    """The default kinds at a small scale: multi-run, example (input canaries of the gossip
+    family), one-run and known-position audits, each under its accounted epsilon."""
+    out = tmp_path / "audits"
+    assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 0
+    kinds = [e["kind"] for e in json.loads((out / "summary.json").read_text())]
+    assert set(kinds) == {"multi-run", "example", "one-run", "known-position"}
+    assert len(kinds) == 20

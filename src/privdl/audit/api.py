@@ -27,7 +27,12 @@ from typing import Any
 import numpy as np
 
 from privdl.audit.estimators import empirical_tradeoff, epsilon_lower_bound_heldout
-from privdl.audit.examples import build_example_run, canary_losses, example_views
+from privdl.audit.examples import (
+    build_example_run,
+    canary_losses,
+    example_views,
+    gossip_canary_losses,
+)
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
 from privdl.audit.privsgp import privsgp_views
@@ -134,7 +139,7 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
     if cfg.task != "least-squares" and cfg.sampling != "full":
         raise ConfigError(
             "user-level audits run the least-squares task's full gradients; for example-level "
-            "canaries give dpsgd, decor or ldp sampling poisson"
+            "canaries give dpsgd, decor, ldp, cdp or porter-dp sampling poisson"
         )
     return cfg
 
@@ -156,11 +161,6 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
         values = {**EXAMPLE_DEFAULTS, **options, "algorithm": algorithm}
         if values.get("sampling") != "poisson" or values.get("clip_mode") != "per_sample":
             raise ConfigError("example-level audits run sampling poisson with clip_mode per_sample")
-        if algorithm == "decor" and threat_model not in (None, "eavesdropper"):
-            raise ConfigError(
-                "example-level DECOR audits show the adversary every message (eavesdropper); "
-                "curious and colluding views are audited at user level"
-            )
         if "task" in options or "batch_size" in options:
             raise ConfigError(
                 "an example-level audit makes its own data (one canary example per trial): "
@@ -182,9 +182,10 @@ def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | No
     return values
 
 
-#: Example-level audits (canary examples in Poisson-sampled minibatches): DP-SGD, and the
-#: gossip family with local noise (canaries at node 0, every message on the wire seen).
-EXAMPLE_LEVEL = ("dpsgd", "decor", "ldp")
+#: Example-level audits (input canaries: canary examples in Poisson-sampled minibatches, through
+#: the task's data path): DP-SGD, and the gossip family (the canaries at the threat model's
+#: canary node, the adversary's view of the messages or, black box, of the final models).
+EXAMPLE_LEVEL = ("dpsgd", "decor", "ldp", "cdp", "porter-dp")
 
 
 def example_level(algorithm: str, options: dict[str, Any]) -> bool:
@@ -241,6 +242,7 @@ def audit(
     k_plus: int | None = None,
     k_minus: int | None = None,
     known_position: bool = False,
+    canary_model: str = "linear",
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
@@ -264,6 +266,9 @@ def audit(
         known_position: example level (dpsgd): the canaries sit in the first rows of the data
             (:func:`privdl.audit.examples.build_example_run`), so a sampler that walks the data
             in order shows them at known steps; ``batch`` then defaults to 500.
+        canary_model: ``linear`` (one model coordinate per canary) or ``cnn``: mislabelled
+            images in a shared bias-free CNN, one run, black box (:mod:`privdl.audit.cnn`;
+            needs ``one_run`` and ``black_box``).
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
             ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
@@ -275,17 +280,27 @@ def audit(
         raise ConfigError(f"batch must be >= 2, got {batch}")
     start = time.perf_counter()
     if black_box and not example_level(algorithm, options):
-        raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
-    gossip_examples = example_level(algorithm, options) and algorithm != "dpsgd"
-    if gossip_examples and (one_run or black_box or known_position):
         raise ConfigError(
-            f"example-level {algorithm} audits run independent white-box trials (no --one-run, "
-            "--black-box or --known-position)"
+            f"black-box audits run input canaries ({', '.join(EXAMPLE_LEVEL)} with --sampling "
+            "poisson)"
+        )
+    gossip_examples = example_level(algorithm, options) and algorithm != "dpsgd"
+    if gossip_examples and ((one_run and canary_model != "cnn") or known_position):
+        raise ConfigError(
+            f"example-level {algorithm} audits run independent trials (no --one-run or "
+            "--known-position)"
         )
     if known_position and (one_run or not example_level(algorithm, options)):
         raise ConfigError(
             "known-position canaries are for dpsgd at example level (--sampling poisson), "
             "independent trials"
+        )
+    if canary_model not in ("linear", "cnn"):
+        raise ConfigError(f"canary_model is linear or cnn, got {canary_model!r}")
+    if canary_model == "cnn" and not (one_run and black_box):
+        raise ConfigError(
+            "CNN canaries share one model: they are audited in one run, black box (--one-run "
+            "--black-box)"
         )
     if one_run:
         from privdl.audit.one_run_audit import one_run_audit  # it builds an AuditResult
@@ -293,7 +308,7 @@ def audit(
         return one_run_audit(
             algorithm, options, threat_model, confidence=confidence, seed=seed,
             sampling_rate=sampling_rate, canaries=canaries, black_box=black_box, k_plus=k_plus,
-            k_minus=k_minus, start=start,
+            k_minus=k_minus, start=start, canary_model=canary_model,
         )  # fmt: skip
     rng = np.random.default_rng([seed, 0xA0D17])
     if algorithm in FEDERATED:
@@ -336,10 +351,11 @@ def audit(
             fillers=gossip_examples,
         )  # fmt: skip
         canary = example_canary(run, black_box, known_position=known_position)
+        if gossip_examples:
+            canary["node"] = gossip_view(run).canary
         view_text = (
-            BLACK_BOX_VIEW if black_box
-            else "every message x_i^{t+1/2} on the wire, every step (canaries at node 0)"
-            if gossip_examples
+            gossip_example_view(run, black_box) if gossip_examples
+            else BLACK_BOX_VIEW if black_box
             else "the released model after every step (the increments of each trial's weight)"
         )  # fmt: skip
         accounted = dict((run.privacy(run.cfg.steps) if run.privacy is not None else None) or {})
@@ -479,7 +495,7 @@ def _example_trials(
         (build_client_run, client_views) if federated else (build_example_run, example_views)
     )
     if black_box:
-        views_of = _loss_views
+        views_of = _gossip_loss_views if fillers else _loss_views
     count = max(1, -(-trials // batch))
     size = 2 * (trials // (2 * count))
     if size < 8:
@@ -525,6 +541,26 @@ BLACK_BOX_VIEW = "the final model only (black box): the task's loss of each cana
 def _loss_views(run: Any, *, seed: int) -> np.ndarray:
     """``(B, 1)``: each canary's loss on the final model (the black-box view)."""
     return canary_losses(run, seed=seed)[:, None]
+
+
+def _gossip_loss_views(run: Any, *, seed: int) -> np.ndarray:
+    """``(B, nodes)``: each canary's loss on the final models a black-box adversary of a gossip
+    run queries (:func:`privdl.audit.examples.gossip_canary_losses`)."""
+    return gossip_canary_losses(run, seed=seed)
+
+
+def gossip_example_view(run: Any, black_box: bool) -> str:
+    """What the adversary of an example-level gossip audit sees (input canaries)."""
+    from privdl.audit.examples import black_box_nodes
+
+    view = gossip_view(run)
+    where = f" (canaries at node {view.canary})"
+    if black_box:
+        return (
+            f"the final models of nodes {list(black_box_nodes(view))} only (black box): the "
+            f"task's loss of each canary on them{where}"
+        )
+    return view.describe() + where
 
 
 def example_canary(run: Any, black_box: bool, *, known_position: bool = False) -> dict[str, Any]:

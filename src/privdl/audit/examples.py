@@ -27,6 +27,7 @@ adversary (eavesdropper, or LDP's) sees every message ``x_i^{t+1/2}`` on the wir
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -73,6 +74,7 @@ def build_example_run(
     calibrated: Any = None,
     fillers: bool = False,
     known_position: bool = False,
+    canary_node: int | None = None,
 ) -> Any:
     """The DP-SGD run of one batch of trials: the canary examples of ``present`` as its data,
     the expected batch size ``sampling_rate`` times their number (the accounted rate is what
@@ -85,7 +87,11 @@ def build_example_run(
     ``B``. Under Poisson sampling with the fixed denominator this is the same mechanism (a
     zero-gradient example changes nothing), but an adversary who knows the data order knows
     where the canaries sit: a sampler that walks the data in order (fixed-size batches, no
-    shuffling) puts every canary in the same steps, once per pass (module docstring)."""
+    shuffling) puts every canary in the same steps, once per pass (module docstring).
+
+    A gossip run (several nodes) holds the canaries at ``canary_node`` (default: the node the
+    threat model's adversary is audited against, :func:`privdl.audit.gossip.gossip_view`; node
+    0 but for DECOR's curious and colluding views), all-zero examples at every other node."""
     from privdl.data.custom import user_data
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
     from privdl.registry import make_config
@@ -104,20 +110,29 @@ def build_example_run(
     nn.init.zeros_(model.weight)
     nodes = parse_topology(str(getattr(cfg, "graph", None) or "complete:1")).n
     data: Any = (x, y)
-    if nodes > 1:  # gossip: the canaries at node 0, every other node all-zero examples
+    if nodes > 1:  # gossip: the canaries at one node, every other node all-zero examples
         if not fillers:
             raise ConfigError("a gossip example-level audit keeps a slot per trial (fillers)")
-        data = [(x, y)] + [(torch.zeros_like(x), y)] * (nodes - 1)
+        data = [(torch.zeros_like(x), y)] * nodes
+        data[canary_node or 0] = (x, y)
     elif known_position:  # the data as the node's own dataset (a list of one), in its order
         data = [(x, y)]
     user = UserObjects(data=user_data(data, n_classes=2), model=model)
-    return build_run(cfg, user=user, calibrated=calibrated is not None)
+    run = build_run(cfg, user=user, calibrated=calibrated is not None)
+    if nodes > 1 and canary_node is None:
+        from privdl.audit.gossip import gossip_view
+
+        worst = gossip_view(run).canary
+        if worst != 0:  # the threat model's canary node (DECOR: the accountant's worst node)
+            return build_example_run(values, present, sampling_rate=sampling_rate,
+                                     calibrated=run.cfg, fillers=fillers, canary_node=worst)  # fmt: skip
+    return run
 
 
 def example_views(run: Any, *, seed: int) -> np.ndarray:
     """``(B, steps)`` increments of each trial's coordinate of the released model, over the
     run's steps (its own oracle: sampling, clipping and noise as implemented). A gossip run
-    (several nodes): ``(B, nodes x steps)``, every message on the wire, every step."""
+    (several nodes): what its threat model's adversary sees, every step (:func:`_wire`)."""
     if int(run.topology.n) > 1:
         return _wire(run, seed=seed)
     model = torch.stack([r.reshape(-1).double() for r in _released_models(run, seed=seed)])
@@ -125,24 +140,59 @@ def example_views(run: Any, *, seed: int) -> np.ndarray:
 
 
 def _wire(run: Any, *, seed: int) -> np.ndarray:
-    """Every message ``x_i^{t+1/2}`` a gossip run sends, every step: ``(B, nodes x steps)``."""
+    """What the threat model's adversary sees of a gossip run, every step
+    (:func:`privdl.audit.gossip.gossip_view`): every message ``x_i^{t+1/2}`` (eavesdropper,
+    LDP), a curious node's or colluders' incoming messages and edge noise, the released model
+    (CDP), the canary node's compressed surrogates (PORTER-DP): ``(B, features)``."""
+    from privdl.audit.gossip import gossip_view
+
+    views, _ = _observed(run, seed=seed, view=gossip_view(run))
+    return views
+
+
+def _observed(run: Any, *, seed: int, view: Any) -> tuple[np.ndarray, Any]:
+    """The run's own init and steps on its own data path (keys from ``seed``): ``view``'s
+    observations and the final state."""
+    from privdl.audit.gossip import observe
     from privdl.loop import set_keys
 
-    steps = int(run.cfg.steps)
     params = run.recipe.initial_params(run.cfg, run.task)
-    size = sum(int(v[0].numel()) for v in params.values())
-    if size * steps * int(run.topology.n) > MAX_CELLS:
-        raise ConfigError(f"{size} trials x {steps} steps is too large for one audit")
     set_keys(run, Keys.from_seed(seed))
-    comm = _Recording(run.comm)
-    parts: list[torch.Tensor] = []
     with one_thread():
-        state = run.algorithm.init(params, run.oracle, cast(Communicator, comm), keys=run.keys)
-        for _ in range(steps):  # the run's own steps (each vectorised over all trials)
-            state, _ = run.algorithm.step(state, run.oracle, cast(Communicator, comm))
-            sent, _ = comm.take()
-            parts.extend(m.reshape(m.shape[0], -1) for m in sent)
-    return torch.cat(parts).T.to(torch.float64).numpy()
+        return observe(run, view, run.oracle, params, keys=run.keys)
+
+
+def gossip_canary_losses(run: Any, *, seed: int) -> np.ndarray:
+    """``(B, nodes)``: the task's loss of every canary example on the *final* models of the
+    nodes a black-box adversary of the run's threat model holds or is given
+    (:func:`black_box_nodes`), nothing of the training (a gossip run, input canaries)."""
+    from privdl.audit.gossip import gossip_view
+    from privdl.engine.losses import per_sample_loss
+
+    view = gossip_view(run)
+    nodes = list(black_box_nodes(view))
+    _, state = _observed(run, seed=seed, view=replace(view, message_rows=(), secret_edges=()))
+    (name,) = state.params.keys()
+    final = state.params[name][nodes]
+    size = int(final[0].numel())
+    x, y = canary_data(np.ones(size, dtype=bool), float(run.cfg.clip))
+    with torch.no_grad():
+        out = run.task.model.forward(
+            {name: final}, x.to(final.dtype)[None].expand(len(nodes), -1, -1)
+        )
+        loss = per_sample_loss(out, y[None].expand(len(nodes), -1), run.task.loss_name)
+    return loss.T.double().numpy()
+
+
+def black_box_nodes(view: Any) -> tuple[int, ...]:
+    """Whose final model a black-box adversary queries: the colluders' own (curious,
+    collusion:Q), the released model (central: node 0 after exact averaging), the canary node's
+    (PORTER-DP), every node's trained model (eavesdropper, LDP: what the run releases)."""
+    if view.colluders:
+        return tuple(view.colluders)
+    if view.released:
+        return (0,)
+    return tuple(view.message_rows)
 
 
 def canary_losses(run: Any, *, seed: int) -> np.ndarray:

@@ -45,7 +45,7 @@ from privdl.mechanisms.correlated import correlated_noise
 from privdl.mechanisms.secrets import as_edge_array
 from privdl.tree import Tree
 
-__all__ = ["GossipView", "canary_views", "gossip_view"]
+__all__ = ["GossipView", "canary_views", "gossip_view", "observe"]
 
 #: Largest trials x features matrix one audit holds (float64): 400 MB.
 MAX_CELLS = 50_000_000
@@ -177,20 +177,35 @@ def canary_views(
     if not isinstance(run.algorithm, Decor | Porter):
         raise ConfigError(f"{run.cfg.algorithm} is not audited by gossip views")
     alg: Any = run.algorithm  # Decor or Porter (one protocol: init / step)
-    n, steps, size = int(run.topology.n), int(run.cfg.steps), len(world)
+    n = int(run.topology.n)
+    dtype = torch.float64 if run.cfg.dtype == "float64" else torch.float32
+    clip = alg.clip.threshold
+    if clip is None:
+        raise ConfigError(f"{run.cfg.algorithm} has no clipping threshold: nothing bounds a canary")
+    oracle = _CanaryOracle(n, view.canary, float(clip), signs, torch.as_tensor(world))
+    params = {"w": torch.zeros((n, len(world)), dtype=dtype)}
+    views, _ = observe(run, view, oracle, params, keys=Keys.from_seed(seed))
+    return views
+
+
+def observe(
+    run: Any, view: GossipView, oracle: Any, params: Tree, *, keys: Keys
+) -> tuple[np.ndarray, Any]:
+    """The run's own ``init`` and ``steps`` on ``params`` with ``oracle`` (a canary oracle, or
+    the task's own data path for input canaries), through its communicator: what ``view``'s
+    adversary sees, ``(size, features)`` (``size`` the coordinates of one node's model, one per
+    trial), and the final state (its ``params`` are the trained models)."""
+    alg: Any = run.algorithm  # Decor or Porter (one protocol: init / step)
+    n, steps = int(run.topology.n), int(run.cfg.steps)
+    first = next(iter(params.values()))
+    size = sum(int(v[0].numel()) for v in params.values())
     if size * steps * view.features_per_step() > MAX_CELLS:
         raise ConfigError(
             f"{size} trials x {steps} steps x {view.features_per_step()} observed values is "
             "too large for one audit: use fewer trials or steps"
         )
-    dtype = torch.float64 if run.cfg.dtype == "float64" else torch.float32
     comm = _Recording(run.comm)
-    clip = alg.clip.threshold
-    if clip is None:
-        raise ConfigError(f"{run.cfg.algorithm} has no clipping threshold: nothing bounds a canary")
-    oracle = _CanaryOracle(n, view.canary, float(clip), signs, torch.as_tensor(world))
-    params = {"w": torch.zeros((n, size), dtype=dtype)}
-    state = alg.init(params, oracle, cast(Communicator, comm), keys=Keys.from_seed(seed))
+    state = alg.init(params, oracle, cast(Communicator, comm), keys=keys)
     edges = as_edge_array(alg.edges, n) if view.secret_edges else None
     rows = list(view.message_rows)
     parts: list[torch.Tensor] = []
@@ -198,9 +213,10 @@ def canary_views(
         state, _ = alg.step(state, oracle, cast(Communicator, comm))
         sent, received = comm.take()
         if view.released:
-            parts.append(received[-1][:1])
+            parts.append(received[-1][:1].reshape(1, -1))
             continue
-        parts.extend(message[rows] for message in sent)
+        if rows:
+            parts.extend(message[rows].reshape(len(rows), -1) for message in sent)
         for e, row in view.secret_edges:  # the colluders' own edge noise v_{row, j}(t)
             assert edges is not None
             parts.append(
@@ -211,12 +227,14 @@ def canary_views(
                     t,
                     size,
                     sigma_cor=float(alg.sigma_cor),
-                    dtype=dtype,
+                    dtype=first.dtype,
                     nodes=[row],
                     backend=alg.noise_backend,
                 )
             )
-    return torch.cat(parts).T.to(torch.float64).numpy()
+    if not parts:  # nothing observed on the way (a black-box adversary: the final models)
+        return np.zeros((size, 0)), state
+    return torch.cat(parts).T.to(torch.float64).numpy(), state
 
 
 def public_signs(steps: int, seed: int) -> np.ndarray:

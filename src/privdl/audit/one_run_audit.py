@@ -60,7 +60,14 @@ from privdl.audit.scores import MixtureTest, fit_linear_test
 from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
 
-__all__ = ["GOSSIP", "OneRunTrial", "gossip_one_run_audit", "one_run_audit", "one_run_trial"]
+__all__ = [
+    "GOSSIP",
+    "OneRunTrial",
+    "cnn_one_run_audit",
+    "gossip_one_run_audit",
+    "one_run_audit",
+    "one_run_trial",
+]
 
 #: The algorithms audited in one run with white-box gradient canaries (user level).
 GOSSIP = ("decor", "ldp", "cdp", "dpsgd", "porter-dp")
@@ -144,10 +151,17 @@ def one_run_audit(
     k_plus: int | None,
     k_minus: int | None,
     start: float,
+    canary_model: str = "linear",
 ) -> AuditResult:
     """``privdl.audit.audit(..., one_run=True)``: one run on ``canaries`` canary examples,
     certified by the one-run bound (module docstring), as an :class:`AuditResult`."""
     federated = algorithm in FEDERATED
+    if canary_model == "cnn":
+        return cnn_one_run_audit(
+            algorithm, options, threat_model, confidence=confidence, seed=seed,
+            sampling_rate=sampling_rate, canaries=canaries, k_plus=k_plus, k_minus=k_minus,
+            start=start,
+        )  # fmt: skip
     if algorithm in GOSSIP and not example_level(algorithm, options):
         if black_box:
             raise ConfigError("black-box audits run dpsgd at example level (--sampling poisson)")
@@ -275,6 +289,87 @@ def gossip_one_run_audit(
         start=start,
         score="Fisher's discriminant of the view, fitted on the reference canaries",
         reference=half,
+    )
+
+
+def cnn_one_run_audit(
+    algorithm: str,
+    options: dict[str, Any],
+    threat_model: str | None,
+    *,
+    confidence: float,
+    seed: int,
+    sampling_rate: float,
+    canaries: int,
+    k_plus: int | None,
+    k_minus: int | None,
+    start: float,
+) -> AuditResult:
+    """One run of ``algorithm`` (DP-SGD or the gossip family, Poisson minibatches) training the
+    shared bias-free CNN of :mod:`privdl.audit.cnn` on ``canaries`` mislabelled canary images
+    (each included with probability 1/2) beside ``canaries // 5`` base images per node; the
+    black-box score is minus each canary's loss on the final model(s) the threat model's
+    adversary queries, certified by the one-run bound."""
+    from privdl.audit.cnn import build_cnn_run, cnn_canary_losses
+
+    if not example_level(algorithm, options):
+        raise ConfigError(
+            "CNN canaries are mislabelled images in Poisson minibatches: give dpsgd, decor, ldp, "
+            "cdp or porter-dp with --sampling poisson"
+        )
+    if not isinstance(canaries, int) or not 10 <= canaries <= 20_000:
+        raise ConfigError(f"a CNN audit takes 10 to 20000 canaries, got {canaries!r}")
+    values = audit_values(algorithm, options, threat_model)
+    included = np.random.default_rng([seed, 0x0E1]).random(canaries) < 0.5
+    base = canaries // 5
+    with one_thread():
+        run = build_cnn_run(values, included, sampling_rate=sampling_rate, base=base, seed=seed)
+        scores = -cnn_canary_losses(run, canaries=canaries, seed=seed, key=seed * 7919)
+    cfg = run.cfg
+    accounted = dict((run.privacy(cfg.steps) if run.privacy is not None else None) or {})
+    if not accounted:
+        raise ConfigError(f"{algorithm} with these options adds no noise: nothing to audit")
+    gossip = int(run.topology.n) > 1
+    if gossip:
+        from privdl.audit.api import gossip_example_view
+        from privdl.audit.gossip import gossip_view
+
+        view, node = gossip_example_view(run, True), gossip_view(run).canary
+    else:
+        view, node = BLACK_BOX_VIEW, 0
+    return _one_run_result(
+        algorithm,
+        str(accounted.get("threat_model", "central")),
+        scores,
+        included,
+        trials=canaries,
+        accounted=accounted,
+        cfg=cfg,
+        confidence=confidence,
+        k_plus=k_plus,
+        k_minus=k_minus,
+        canary={
+            "kind": "mislabelled image in a shared CNN (input canary, black box: the adversary "
+            "queries the final model)",
+            "model": "cnn (bias-free: conv 3x3, ReLU, conv 3x3 stride 2, ReLU, linear)",
+            "node": node,
+            "base_images": base,
+            "size": float(cfg.clip),
+            "neighbouring": "add_remove: the image is in the node's data or not",
+            "sampling_rate": float(cfg.batch_size) / float(canaries + base),
+        },
+        view=view,
+        settings={
+            "graph": getattr(cfg, "graph", None),
+            "steps": cfg.steps,
+            "sigma": getattr(cfg, "sigma", None),
+            "lr": cfg.lr,
+            "clip": cfg.clip,
+            "target_epsilon": cfg.epsilon,
+            "seed": seed,
+        },
+        start=start,
+        score="minus the canary's loss on the final model(s)",
     )
 
 

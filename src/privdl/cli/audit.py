@@ -74,18 +74,22 @@ def _text(r: Any) -> str:
 
 
 def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
-           one_run, canaries, black_box, known_position, as_json, plot, suite, out, overwrite,
-           **flags):  # fmt: skip
+           one_run, canaries, black_box, known_position, canary_model, as_json, plot, suite, out,
+           overwrite, suite_kinds, **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
     if suite:
-        if one_run or black_box or known_position:
+        if one_run or black_box or known_position or canary_model != "linear":
             raise click.UsageError(
-                "--suite runs its own preset: no --one-run, --black-box or --known-position"
+                "--suite runs its own preset: no --one-run, --black-box, --known-position or "
+                "--canary-model (choose its audits with --suite-kinds)"
             )
-        _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed)
+        _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed,
+               suite_kinds)  # fmt: skip
         return
+    if suite_kinds is not None:
+        raise click.UsageError("--suite-kinds chooses the audits of --suite: give --suite")
     if canaries is not None and not one_run:
         raise click.UsageError("--canaries counts the canaries of --one-run: give --one-run")
     values = command_line_values(config_file, algorithm, flags, sets)
@@ -104,6 +108,7 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         canaries=canaries or 1000,
         black_box=black_box,
         known_position=known_position,
+        canary_model=canary_model,
         **values,
     )
     if plot:
@@ -120,18 +125,21 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         sys.exit(FOUND)
 
 
-def _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed) -> None:
+def _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed,
+           kinds) -> None:  # fmt: skip
     from pathlib import Path
 
-    from privdl.audit.suite import run_suite, suite_table
+    from privdl.audit.suite import run_suite
 
     if algorithm or config_file or sets or any(v is not None for v in flags.values()):
         raise click.UsageError("--suite runs its own preset: give no algorithm or run options")
     if not out:
         raise click.UsageError("--suite writes a report: give --out DIR")
+    chosen = None if kinds is None else tuple(k.strip() for k in kinds.split(",") if k.strip())
     results = run_suite(Path(out), scale=trials / 20_000, confidence=confidence,
-                        seed=int(seed or 0), overwrite=overwrite)  # fmt: skip
-    click.echo("\n".join(suite_table(results)))
+                        seed=int(seed or 0), overwrite=overwrite, kinds=chosen)  # fmt: skip
+    report = (Path(out) / "report.md").read_text(encoding="utf-8").splitlines()
+    click.echo("\n".join(line for line in report if line.startswith("|")))
     click.echo(f"report: {Path(out) / 'report.md'}")
     if not all(r.within_accounted for r in results):
         sys.exit(FOUND)
@@ -176,7 +184,8 @@ audit = click.Command(
             type=click.FloatRange(0, 1, min_open=True),
             default=0.05,
             show_default=True,
-            help="Example level (dpsgd --sampling poisson): each canary example's inclusion rate.",
+            help="Example level (dpsgd, decor, ldp, cdp, porter-dp --sampling poisson): each "
+            "canary example's inclusion rate.",
         ),
         click.Option(
             ["--one-run"],
@@ -195,8 +204,8 @@ audit = click.Command(
         click.Option(
             ["--black-box"],
             is_flag=True,
-            help="dpsgd --sampling poisson: the adversary sees the final model only (its score "
-            "is the canary's loss).",
+            help="Input canaries (dpsgd, decor, ldp, cdp, porter-dp with --sampling poisson): "
+            "the adversary sees the final model(s) only (its score is the canary's loss).",
         ),
         click.Option(
             ["--known-position"],
@@ -204,12 +213,27 @@ audit = click.Command(
             help="dpsgd --sampling poisson: the canaries lead the data order (the rest all-zero "
             "examples), so a sampler that walks the data in order shows them at known steps.",
         ),
+        click.Option(
+            ["--canary-model"],
+            type=click.Choice(["linear", "cnn"]),
+            default="linear",
+            show_default=True,
+            help="Input canaries: one linear-model coordinate each, or mislabelled images in a "
+            "shared CNN (with --one-run --black-box).",
+        ),
         click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."),
         click.Option(
             ["--suite"],
             is_flag=True,
             help="Audit every algorithm and threat model (the audit-suite preset) and write a "
             "report with --out; --trials 20000 is the preset's size (others scale it).",
+        ),
+        click.Option(
+            ["--suite-kinds"],
+            default=None,
+            help="--suite: the kinds of audit to run, comma-separated, of multi-run, "
+            "input, one-run, known-position, example, cnn (default: multi-run,input,one-run,"
+            "known-position,example).",
         ),
         click.Option(["--out"], type=click.Path(file_okay=False), help="--suite: report folder."),
         click.Option(["--overwrite"], is_flag=True, help="--suite: replace a report in --out."),
