@@ -213,6 +213,8 @@ def test_example_app_in_flower_simulation(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([examples, os.environ.get("PYTHONPATH", "")]))
     from flower_robust_hdp.app import EPSILONS, report, run
 
+    from privdl.integrations.flower_app import SEEDED_NOTE
+
     start = time.perf_counter()
     strategy = run(rounds=2, seed=0)
     elapsed = time.perf_counter() - start
@@ -229,6 +231,7 @@ def test_example_app_in_flower_simulation(monkeypatch) -> None:
                 "add_remove", "example", "server",
             )  # fmt: skip
             assert p["nominal"] is False and m["epsilon"] == p["epsilon"]
+            assert p["notes"].endswith(SEEDED_NOTE)  # run(seed=0): who can rebuild the noise
             assert 0 < p["epsilon"] <= target * (1 + 1e-9)
             assert m["rounds-spent"] == entry["round"]
         ids = [strategy.client_index[n] for n in entry["nodes"]]

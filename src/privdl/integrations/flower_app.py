@@ -355,6 +355,15 @@ def _budget_record(budget: Mapping[str, Any]) -> dict[str, Any]:
 
 
 STATE_KEY = "privdl-dp"
+#: Added to a seeded client app's budget notes (docs/security.md s.1).
+SEEDED_NOTE = (
+    "client noise seeded by (seed, node, round): whoever knows the seed can rebuild it, so the "
+    "server threat model holds only if the server does not know the seed (seed=None: OS randomness)"
+)
+
+
+def _joined(notes: str, note: str) -> str:
+    return f"{notes}; {note}" if notes else note
 
 
 def dp_client_app(setup: Callable[[Any], DPClient], *, seed: int | None = None) -> Any:
@@ -390,6 +399,8 @@ def dp_client_app(setup: Callable[[Any], DPClient], *, seed: int | None = None) 
             seq = np.random.SeedSequence([seed, int(context.node_id), server_round])
             round_seed = int(seq.generate_state(1, np.uint64)[0]) % 2**63
         new, budget = client.train(_arrays(msg), rounds_spent=spent, seed=round_seed)
+        if seed is not None:  # the label holds against a server that does not know the seed
+            budget = {**budget, "notes": _joined(budget.get("notes", ""), SEEDED_NOTE)}
         context.state[STATE_KEY] = ConfigRecord({"rounds": spent + 1})
         metrics = MetricRecord(
             {
