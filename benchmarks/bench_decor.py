@@ -3,13 +3,21 @@
 n = 16 nodes on the 4x4 torus and on the ring, MLP 784-128-10, batch 64 of random MNIST-shaped
 data, per-example clipping at C = 1, sigma_cdp = 0.01, sigma_cor = 0.05, W = 1/(deg+1).
 
-Timed (median ms per iteration after warm-up):
+Timed (median ms per iteration after warm-up; on a CPU the mean over a block of ``--iters``
+steps in a row, three blocks each in turn):
 
 * ``decor``: :class:`privdl.algorithms.decor.Decor` ``.step`` (vectorized per-example gradients,
   keyed correlated noise N = K Z through the incidence matrix, independent noise, gossip);
 * ``nonprivate``: :class:`privdl.algorithms.dsgd.DSGD` without clipping or noise, same oracle;
 * ``noise``: the noise generation of one DECOR step alone (correlated + independent), one
   iteration per call;
+* ``noise_wait``: how long a DECOR step waits for its noise after its gradients (the getter of
+  :func:`privdl.algorithms.base.drawn_ahead`), median per step; on a CPU the draw of step t + 1
+  starts in a worker thread when step t takes its own, so it runs through step t's tail and
+  step t + 1's gradients;
+* on a CPU also ``decor_fresh``: the DECOR step with its draw started at the step's start (the
+  ahead cache cleared first: drawn while the gradients run only, as before drawing ahead), and
+  its ``noise_wait_fresh``;
 * on CUDA also ``decor_unprefetched``: the DECOR step with one noise launch pair per iteration
   (``PRIVDL_NOISE_BLOCK_BYTES=1``), as before the noise was drawn in blocks of iterations;
 * ``loop``: a faithful per-node Python loop: one ``nn.Module`` + ``torch.optim.SGD`` per node,
@@ -29,6 +37,8 @@ import hashlib
 import json
 import os
 import statistics
+import time
+from typing import Any
 
 import torch
 from _common import (
@@ -40,7 +50,9 @@ from _common import (
 )
 from torch import nn
 
-from privdl.algorithms.base import Keys, StepSize
+import privdl.algorithms.base as base_module
+import privdl.algorithms.decor as decor_module
+from privdl.algorithms.base import Keys, StepSize, drawn_ahead, in_background
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
@@ -156,8 +168,49 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         "p": plain.init(dict(params), oracle, comm, keys=keys1),
     }
 
+    box["f"] = decor.init(dict(params), oracle, comm, keys=Keys.from_seed(2))
+    waits: dict[str, list[float]] = {"d": [], "f": []}
+    which = ["d"]
+
+    def timed_ahead(owner, t, draw, *, device):  # the step's wait for its noise
+        if which[0] == "f":  # as before drawing ahead: started at the step's start
+            getter = in_background(lambda: draw(t), device=device)
+        else:
+            getter = drawn_ahead(owner, t, draw, device=device)
+
+        def get():
+            t0 = time.perf_counter()
+            value = getter()
+            waits[which[0]].append(time.perf_counter() - t0)
+            return value
+
+        return get
+
+    decor_module.drawn_ahead = timed_ahead  # type: ignore[assignment]
+
     def decor_step() -> None:
+        which[0] = "d"
         box["d"], _ = decor.step(box["d"], oracle, comm)
+
+    def decor_fresh_step() -> None:  # drawn from the step's start, while the gradients run
+        which[0] = "f"
+        box["f"], _ = decor.step(box["f"], oracle, comm)
+
+    def blocks(fns: list, count: int) -> list[float]:
+        """Seconds per call of each of ``fns``, each called ``count`` times in a row (so a draw
+        started ahead overlaps its own steps, not another's); the block of DECOR steps includes
+        waiting for the draw its last step started ahead."""
+        out = []
+        for fn in fns:
+            t0 = time.perf_counter()
+            for _ in range(count):
+                fn()
+            for _, _, getter in list(base_module._AHEAD):
+                getter()
+            base_module._AHEAD.clear()
+            _sync()
+            out.append((time.perf_counter() - t0) / count)
+        return out
 
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
@@ -181,13 +234,32 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
 
     # three rounds of the two steps called in turn, so drift in the machine's load affects both
     # alike; the ratio is the median of the three per-round ratios
-    rounds = []
-    for _ in range(3):
-        t_decor, t_plain = interleaved_seconds(
-            [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
-        )
-        rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
-    out = {}
+    rounds, fresh = [], []
+    if DEVICE.type == "cpu":  # blocks of steps: a draw ahead must not overlap the other steps
+        blocks([decor_step, plain_step, decor_fresh_step], warmup)
+        for _ in range(3):
+            t_d, t_p, t_f = blocks([decor_step, plain_step, decor_fresh_step], iters)
+            rounds.append((1e3 * t_d, 1e3 * t_p))
+            fresh.append(1e3 * t_f)
+    else:
+        for _ in range(3):
+            t_decor, t_plain = interleaved_seconds(
+                [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
+            )
+            rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
+    decor_module.drawn_ahead = drawn_ahead
+    out: dict[str, Any] = {"noise_wait_ms": 1e3 * statistics.median(waits["d"])}
+    if fresh:
+        out |= {
+            "decor_fresh_ms": statistics.median(fresh),
+            "noise_wait_fresh_ms": 1e3 * statistics.median(waits["f"]),
+            "decor_fresh_over_nonprivate_per_round": [
+                round(f / r[1], 3) for f, r in zip(fresh, rounds, strict=True)
+            ],
+            "decor_fresh_over_nonprivate": statistics.median(
+                f / r[1] for f, r in zip(fresh, rounds, strict=True)
+            ),
+        }
     if DEVICE.type == "cuda":  # as before prefetching: one launch pair per step (K = 1)
         os.environ["PRIVDL_NOISE_BLOCK_BYTES"] = "1"
         fused_noise._PREFETCHED.clear()  # no step is served from an earlier, longer block
