@@ -44,15 +44,21 @@ import torch
 from _common import (
     add_run_flags,
     apply_run_flags,
+    block_seconds,
     interleaved_seconds,
     machine_facts,
     median_seconds,
 )
 from torch import nn
 
-import privdl.algorithms.base as base_module
 import privdl.algorithms.decor as decor_module
-from privdl.algorithms.base import Keys, StepSize, drawn_ahead, in_background
+from privdl.algorithms.base import (
+    Keys,
+    StepSize,
+    drawn_ahead,
+    finish_drawn_ahead,
+    in_background,
+)
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
@@ -73,6 +79,12 @@ DEVICE = torch.device("cpu")
 def _sync() -> None:
     if DEVICE.type == "cuda":
         torch.cuda.synchronize(DEVICE)
+
+
+def _finish() -> None:
+    """The end of a block of steps: the draw its last DECOR step started ahead, then sync."""
+    finish_drawn_ahead()
+    _sync()
 
 
 def _median_ms(fn, *, iters: int, warmup: int) -> float:
@@ -196,22 +208,6 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         which[0] = "f"
         box["f"], _ = decor.step(box["f"], oracle, comm)
 
-    def blocks(fns: list, count: int) -> list[float]:
-        """Seconds per call of each of ``fns``, each called ``count`` times in a row (so a draw
-        started ahead overlaps its own steps, not another's); the block of DECOR steps includes
-        waiting for the draw its last step started ahead."""
-        out = []
-        for fn in fns:
-            t0 = time.perf_counter()
-            for _ in range(count):
-                fn()
-            for _, _, getter in list(base_module._AHEAD):
-                getter()
-            base_module._AHEAD.clear()
-            _sync()
-            out.append((time.perf_counter() - t0) / count)
-        return out
-
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
 
@@ -236,9 +232,10 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     # alike; the ratio is the median of the three per-round ratios
     rounds, fresh = [], []
     if DEVICE.type == "cpu":  # blocks of steps: a draw ahead must not overlap the other steps
-        blocks([decor_step, plain_step, decor_fresh_step], warmup)
+        fns = [decor_step, plain_step, decor_fresh_step]
+        block_seconds(fns, count=warmup, after=_finish)
         for _ in range(3):
-            t_d, t_p, t_f = blocks([decor_step, plain_step, decor_fresh_step], iters)
+            t_d, t_p, t_f = block_seconds(fns, count=iters, after=_finish)
             rounds.append((1e3 * t_d, 1e3 * t_p))
             fresh.append(1e3 * t_f)
     else:

@@ -47,6 +47,7 @@ __all__ = [
     "StepSize",
     "consensus_distance",
     "drawn_ahead",
+    "finish_drawn_ahead",
     "in_background",
     "tree_map",
     "tree_sq_norm_per_node",
@@ -199,6 +200,15 @@ def drawn_ahead(
     if len(_AHEAD) > _AHEAD_OWNERS:
         del _AHEAD[0]
     return pending
+
+
+def finish_drawn_ahead() -> None:
+    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too): for the
+    end of a run, and for benchmarks that time a block of steps with its last draw."""
+    pending = list(_AHEAD)
+    _AHEAD.clear()
+    for _, _, getter in pending:
+        getter()
 
 
 @dataclass(frozen=True)
