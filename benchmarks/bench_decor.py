@@ -82,8 +82,9 @@ def _sync() -> None:
 
 
 def _finish() -> None:
-    """The end of a block of steps: the draw its last DECOR step started ahead, then sync."""
-    finish_drawn_ahead()
+    """The end of a block of steps: the draw its last DECOR step started ahead (kept for the
+    next block's first step, so each block pays for as many draws as it has steps), then sync."""
+    finish_drawn_ahead(keep=True)
     _sync()
 
 

@@ -45,6 +45,11 @@ from privdl.topology import mixing_matrix, parse_graph
 DIM, C, LR, SIGMA_CDP, SIGMA_COR = 123, 1.0, 0.1, 0.01, 0.05
 
 
+def _kept() -> None:
+    """The end of a block: wait for the draw its last DECOR step started (the next block's)."""
+    finish_drawn_ahead(keep=True)
+
+
 def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str, float]:
     side = math.isqrt(n)
     t0 = time.perf_counter()
@@ -91,11 +96,9 @@ def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str
             torch.cuda.synchronize(device)
 
     if device.type == "cpu":  # blocks of steps: DECOR's draw ahead overlaps its own steps
-        block_seconds([decor_step, plain_step], count=2, after=finish_drawn_ahead)
+        block_seconds([decor_step, plain_step], count=2, after=_kept)
         per = [
-            block_seconds(
-                [decor_step, plain_step], count=max(1, iters // 3), after=finish_drawn_ahead
-            )
+            block_seconds([decor_step, plain_step], count=max(1, iters // 3), after=_kept)
             for _ in range(3)
         ]
         decor_ms = 1e3 * statistics.median(p[0] for p in per)

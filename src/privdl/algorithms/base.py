@@ -202,11 +202,13 @@ def drawn_ahead(
     return pending
 
 
-def finish_drawn_ahead() -> None:
-    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too): for the
-    end of a run, and for benchmarks that time a block of steps with its last draw."""
+def finish_drawn_ahead(*, keep: bool = False) -> None:
+    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too) for the
+    end of a run; ``keep=True`` keeps them for the steps they are for (a benchmark timing a
+    block of steps with the draw its last step started, which the next block then uses)."""
     pending = list(_AHEAD)
-    _AHEAD.clear()
+    if not keep:
+        _AHEAD.clear()
     for _, _, getter in pending:
         getter()
 
