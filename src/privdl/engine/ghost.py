@@ -120,10 +120,10 @@ def _conv_grads_grouped(
     weight-gradient call: the ``B`` samples side by side as ``B`` groups
     of one convolution (input ``(1, B C, H, W)``, weight ``(B O, C, k, k)``), so the gradient of
     group ``s``'s weight is sample ``s``'s ``G_s U_s^T`` (the grouped-convolution form of
-    per-example conv gradients, Rochette, Manoel & Tramel 2019, Section 3). On a 2-core CPU
-    (float32, oneDNN) it took 23 against 46 ms for the Robust-HDP CNN's second conv at 200
-    samples, where the batch's summed weight gradient took 15 ms (benchmarks/bench_federated.py
-    reports the round)."""
+    per-example conv gradients, Rochette, Manoel & Tramel 2019), by oneDNN's kernel. On the
+    2-core CPU (float32, one thread, under load) it took 0.71x the kernel-row path's time for
+    the Robust-HDP CNN's second conv at 200 samples with the layout copy (0.45x without it); the
+    same values bit for bit on that CNN (docs/engine.md, the federated round)."""
     b, c, h, w = x.shape
     o = g.shape[1]
     out_h = (h + 2 * padding - kernel_size) // stride + 1
