@@ -89,7 +89,7 @@ def main() -> None:
         def go() -> None:
             grouped = ghost._grouped_backward_applies
             if method.endswith("-rows"):
-                ghost._grouped_backward_applies = lambda x: False  # type: ignore[assignment]
+                ghost._grouped_backward_applies = lambda x, k: False  # type: ignore[assignment]
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RPCANotConvergedWarning)

@@ -568,7 +568,8 @@ def test_grouped_conv_grads_equal_kernel_rows_and_autograd(b, c, o, h, w, k, pad
     weight = torch.randn(o, c, k, k, generator=gen)
     out = torch.nn.functional.conv2d(x, weight, padding=padding, stride=stride)
     g = torch.randn(out.shape, generator=gen)
-    assert _grouped_backward_applies(x) == torch.backends.mkldnn.is_available()
+    assert _grouped_backward_applies(x, 5) == torch.backends.mkldnn.is_available()
+    assert not _grouped_backward_applies(x, 3) and not _grouped_backward_applies(x.double(), 5)
     got = _conv_grads_grouped(x, g, k, padding=padding, stride=stride)
     rows = _conv_grads_by_kernel_row(x, g.reshape(b, o, -1), k, padding=padding, stride=stride)
     assert got.shape == rows.shape and got.is_contiguous()
@@ -604,7 +605,7 @@ def test_cnn_clipped_grads_by_grouped_call_equal_kernel_rows(monkeypatch):
         )
 
     grouped = run()
-    monkeypatch.setattr(ghost, "_grouped_backward_applies", lambda x: False)
+    monkeypatch.setattr(ghost, "_grouped_backward_applies", lambda x, k: False)
     rows = run()
     for k in rows.grads:
         torch.testing.assert_close(grouped.grads[k], rows.grads[k], rtol=1e-5, atol=1e-8)

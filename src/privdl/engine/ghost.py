@@ -103,12 +103,24 @@ def _conv_grads_by_kernel_row(
     return rows
 
 
-def _grouped_backward_applies(x: Tensor) -> bool:
+#: The smallest kernel size :func:`_conv_grads_grouped` takes. Measured (2026-11-28, one CPU
+#: thread under load, grouped / kernel-row time): the Robust-HDP CNN's 5x5 convs 0.45-0.92 (second
+#: conv, 20-200 samples) and 0.69-1.17 (first conv); 3x3 convs of ResNet shapes at 8 samples
+#: anywhere from 0.19 (64 -> 64 channels, 16x16) to 10.3 (3 -> 64, 32x32) and 2.55 (128 -> 128,
+#: 8x8), so they keep the kernel rows.
+GROUPED_MIN_KERNEL = 5
+
+
+def _grouped_backward_applies(x: Tensor, kernel_size: int) -> bool:
     """Whether :func:`_conv_grads_grouped` serves this input: float32 on a CPU with oneDNN
-    (mkldnn). Other dtypes and devices keep :func:`_conv_grads_by_kernel_row` (float64 has no
-    oneDNN kernel; the CUDA path is left as it is)."""
+    (mkldnn) and a kernel of at least :data:`GROUPED_MIN_KERNEL`. Others keep
+    :func:`_conv_grads_by_kernel_row` (float64 has no oneDNN kernel; the CUDA path is left as
+    it is)."""
     return (
-        x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        kernel_size >= GROUPED_MIN_KERNEL
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
     )
 
 
@@ -295,7 +307,7 @@ def ghost_clipped_sum(
             if direct:
                 per_sample = (
                     _conv_grads_grouped
-                    if _grouped_backward_applies(flat_in)
+                    if _grouped_backward_applies(flat_in, layer.kernel_size)
                     else _conv_grads_by_kernel_row
                 )
                 psg = per_sample(
