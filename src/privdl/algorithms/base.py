@@ -202,14 +202,15 @@ def drawn_ahead(
     return pending
 
 
-def finish_drawn_ahead(*, keep: bool = False) -> None:
-    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too) for the
-    end of a run; ``keep=True`` keeps them for the steps they are for (a benchmark timing a
-    block of steps with the draw its last step started, which the next block then uses)."""
+def finish_drawn_ahead(*, keep: bool = False, wait: bool = True) -> None:
+    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too once
+    drawn) for the end of a run (``wait=False``: drop them at once, their errors unseen);
+    ``keep=True`` keeps them for the steps they are for (a benchmark timing a block of steps
+    with the draw its last step started, which the next block then uses)."""
     pending = list(_AHEAD)
     if not keep:
         _AHEAD.clear()
-    for _, _, getter in pending:
+    for _, _, getter in pending if wait else ():
         getter()
 
 
