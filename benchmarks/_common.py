@@ -134,3 +134,22 @@ def emit(res: dict, json_out: str | None) -> None:
     if json_out:
         with open(json_out, "w") as f:
             json.dump(res, f, indent=2)
+
+
+def block_seconds(
+    fns: list[Callable[[], object]],
+    *,
+    count: int,
+    after: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """Seconds per call of each of ``fns``, each called ``count`` times in a row and then
+    ``after()`` (e.g. :func:`privdl.algorithms.base.finish_drawn_ahead`: a noise draw a DECOR
+    step starts for the next step then overlaps its own block, not another function's calls)."""
+    out = []
+    for fn in fns:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            fn()
+        after()
+        out.append((time.perf_counter() - t0) / count)
+    return out

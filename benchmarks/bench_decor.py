@@ -3,13 +3,21 @@
 n = 16 nodes on the 4x4 torus and on the ring, MLP 784-128-10, batch 64 of random MNIST-shaped
 data, per-example clipping at C = 1, sigma_cdp = 0.01, sigma_cor = 0.05, W = 1/(deg+1).
 
-Timed (median ms per iteration after warm-up):
+Timed (median ms per iteration after warm-up; on a CPU the mean over a block of ``--iters``
+steps in a row, three blocks each in turn):
 
 * ``decor``: :class:`privdl.algorithms.decor.Decor` ``.step`` (vectorized per-example gradients,
   keyed correlated noise N = K Z through the incidence matrix, independent noise, gossip);
 * ``nonprivate``: :class:`privdl.algorithms.dsgd.DSGD` without clipping or noise, same oracle;
 * ``noise``: the noise generation of one DECOR step alone (correlated + independent), one
   iteration per call;
+* ``noise_wait``: how long a DECOR step waits for its noise after its gradients (the getter of
+  :func:`privdl.algorithms.base.drawn_ahead`), median per step; on a CPU the draw of step t + 1
+  starts in a worker thread when step t takes its own, so it runs through step t's tail and
+  step t + 1's gradients;
+* on a CPU also ``decor_fresh``: the DECOR step with its draw started at the step's start (the
+  ahead cache cleared first: drawn while the gradients run only, as before drawing ahead), and
+  its ``noise_wait_fresh``;
 * on CUDA also ``decor_unprefetched``: the DECOR step with one noise launch pair per iteration
   (``PRIVDL_NOISE_BLOCK_BYTES=1``), as before the noise was drawn in blocks of iterations;
 * ``loop``: a faithful per-node Python loop: one ``nn.Module`` + ``torch.optim.SGD`` per node,
@@ -29,11 +37,14 @@ import hashlib
 import json
 import os
 import statistics
+import time
+from typing import Any
 
 import torch
 from _common import (
     add_run_flags,
     apply_run_flags,
+    block_seconds,
     interleaved_seconds,
     machine_facts,
     median_seconds,
@@ -41,7 +52,14 @@ from _common import (
 )
 from torch import nn
 
-from privdl.algorithms.base import Keys, StepSize
+import privdl.algorithms.decor as decor_module
+from privdl.algorithms.base import (
+    Keys,
+    StepSize,
+    drawn_ahead,
+    finish_drawn_ahead,
+    in_background,
+)
 from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
@@ -62,6 +80,13 @@ DEVICE = torch.device("cpu")
 def _sync() -> None:
     if DEVICE.type == "cuda":
         torch.cuda.synchronize(DEVICE)
+
+
+def _finish() -> None:
+    """The end of a block of steps: the draw its last DECOR step started ahead (kept for the
+    next block's first step, so each block pays for as many draws as it has steps), then sync."""
+    finish_drawn_ahead(keep=True)
+    _sync()
 
 
 def _median_ms(fn, *, iters: int, warmup: int) -> float:
@@ -157,8 +182,33 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         "p": plain.init(dict(params), oracle, comm, keys=keys1),
     }
 
+    box["f"] = decor.init(dict(params), oracle, comm, keys=Keys.from_seed(2))
+    waits: dict[str, list[float]] = {"d": [], "f": []}
+    which = ["d"]
+
+    def timed_ahead(owner, t, draw, *, device):  # the step's wait for its noise
+        if which[0] == "f":  # as before drawing ahead: started at the step's start
+            getter = in_background(lambda: draw(t), device=device)
+        else:
+            getter = drawn_ahead(owner, t, draw, device=device)
+
+        def get():
+            t0 = time.perf_counter()
+            value = getter()
+            waits[which[0]].append(time.perf_counter() - t0)
+            return value
+
+        return get
+
+    decor_module.drawn_ahead = timed_ahead  # type: ignore[assignment]
+
     def decor_step() -> None:
+        which[0] = "d"
         box["d"], _ = decor.step(box["d"], oracle, comm)
+
+    def decor_fresh_step() -> None:  # drawn from the step's start, while the gradients run
+        which[0] = "f"
+        box["f"], _ = decor.step(box["f"], oracle, comm)
 
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
@@ -182,13 +232,35 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
 
     # three rounds of the two steps called in turn, so drift in the machine's load affects both
     # alike; the ratio is the median of the three per-round ratios
-    rounds = []
-    for _ in range(3):
-        t_decor, t_plain = interleaved_seconds(
-            [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
-        )
-        rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
-    out = _pipelined("", decor_step, plain_step)
+    rounds, fresh = [], []
+    if DEVICE.type == "cpu":  # blocks of steps: a draw ahead must not overlap the other steps
+        fns = [decor_step, plain_step, decor_fresh_step]
+        block_seconds(fns, count=warmup, after=_finish)
+        for _ in range(3):
+            t_d, t_p, t_f = block_seconds(fns, count=iters, after=_finish)
+            rounds.append((1e3 * t_d, 1e3 * t_p))
+            fresh.append(1e3 * t_f)
+    else:
+        for _ in range(3):
+            t_decor, t_plain = interleaved_seconds(
+                [decor_step, plain_step], iters=iters, warmup=warmup, sync=_sync
+            )
+            rounds.append((1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)))
+    decor_module.drawn_ahead = drawn_ahead
+    out: dict[str, Any] = {"noise_wait_ms": 1e3 * statistics.median(waits["d"])}
+    if DEVICE.type == "cuda":  # what a training loop sees: no sync between steps
+        out |= _pipelined("", decor_step, plain_step)
+    if fresh:
+        out |= {
+            "decor_fresh_ms": statistics.median(fresh),
+            "noise_wait_fresh_ms": 1e3 * statistics.median(waits["f"]),
+            "decor_fresh_over_nonprivate_per_round": [
+                round(f / r[1], 3) for f, r in zip(fresh, rounds, strict=True)
+            ],
+            "decor_fresh_over_nonprivate": statistics.median(
+                f / r[1] for f, r in zip(fresh, rounds, strict=True)
+            ),
+        }
     if DEVICE.type == "cuda":  # as before prefetching: one launch pair per step (K = 1)
         os.environ["PRIVDL_NOISE_BLOCK_BYTES"] = "1"
         fused_noise._PREFETCHED.clear()  # no step is served from an earlier, longer block

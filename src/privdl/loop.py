@@ -34,7 +34,7 @@ from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from privdl.algorithms.base import Keys
+from privdl.algorithms.base import Keys, finish_drawn_ahead
 from privdl.comm.base import Communicator
 from privdl.comm.local import LocalCommunicator
 from privdl.config import CommonConfig, format_validation_error
@@ -322,6 +322,16 @@ def refuse_diverged(summary: dict[str, Any]) -> None:
         )
 
 
+@contextmanager
+def _drop_drawn_ahead() -> Iterator[None]:
+    """After the steps: the noise a DECOR step drew ahead for a step that will not run is
+    dropped (:func:`privdl.algorithms.base.finish_drawn_ahead`, not waited for)."""
+    try:
+        yield
+    finally:
+        finish_drawn_ahead(wait=False)
+
+
 def _call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
     for cb in callbacks:
         fn = getattr(cb, hook, None)
@@ -376,7 +386,7 @@ def run_loop(
     last_row, evaluated = None, False
     label = cfg.algorithm + (f" x{world.size}" if world.size > 1 else "")
     ticker = _ProgressLines(label, cfg.steps, state.t, _progress_every()) if lines_wanted else None
-    with _progress(enabled) as prog, ticker or _no_lines():
+    with _progress(enabled) as prog, ticker or _no_lines(), _drop_drawn_ahead():
         bar = prog.add_task(label, total=cfg.steps, completed=state.t, info="")
         while state.t < cfg.steps:
             if kill is not None and state.t == kill:

@@ -168,9 +168,10 @@ def test_decor_noise_is_fresh_every_step():
 
 
 def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
-    """DECOR and LDP draw their noise in a worker thread while the gradients run; forcing the
-    draws inline must give the same iterates bit for bit (no shared state between the two)."""
-    import privdl.algorithms.decor as decor_mod
+    """DECOR and LDP draw their noise in a worker thread, one step ahead (during the previous
+    step); forcing the draws inline must give the same iterates bit for bit (no shared state
+    between the two)."""
+    import privdl.algorithms.base as base_mod
 
     topo, comm = _comm("torus:3x3")
     task = LeastSquaresTask(topo.n, dim=6, seed=2, dtype=torch.float64)
@@ -197,7 +198,7 @@ def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
         value = fn()
         return lambda: value
 
-    monkeypatch.setattr(decor_mod, "in_background", inline)  # D-SGD's step is DECOR's
+    monkeypatch.setattr(base_mod, "in_background", inline)  # D-SGD's step is DECOR's
     for algo, state in zip(algos, background, strict=True):
         again = _run(
             algo,
@@ -207,6 +208,41 @@ def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
             15,
         )
         assert torch.equal(again.params["x"], state.params["x"])
+
+
+def test_noise_drawn_ahead_serves_only_its_own_run_and_step():
+    """Two DECOR runs stepped in turn, one of them re-running a step from an older state and
+    one resumed from a copy of its state (new key tuples): every iterate equals the same run
+    alone, step by step, with no draw ahead (the cache cleared before every step)."""
+    import privdl.algorithms.base as base_mod
+
+    topo, comm = _comm("ring:6")
+    task = LeastSquaresTask(topo.n, dim=5, seed=1, dtype=torch.float64)
+    algo = Decor(StepSize(0.05), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.2, sigma_cor=0.7)
+
+    def start(seed):
+        return algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(seed))
+
+    def alone(state, steps):
+        for _ in range(steps):
+            base_mod._AHEAD.clear()
+            state, _ = algo.step(state, task.oracle, comm)
+        return state
+
+    a, b = start(1), start(2)
+    a0 = a
+    for _ in range(3):
+        a, _ = algo.step(a, task.oracle, comm)
+        b, _ = algo.step(b, task.oracle, comm)
+    rerun, _ = algo.step(a0, task.oracle, comm)  # step 0 again: not served step 3's draw
+    assert torch.equal(rerun.params["x"], alone(start(1), 1).params["x"])
+    copied = type(a)(**{**a.__dict__, "edge_keys": tuple(bytes(k) for k in a.edge_keys)})
+    resumed, _ = algo.step(copied, task.oracle, comm)
+    a, _ = algo.step(a, task.oracle, comm)
+    assert torch.equal(a.params["x"], alone(start(1), 4).params["x"])
+    assert torch.equal(resumed.params["x"], a.params["x"])
+    assert torch.equal(b.params["x"], alone(start(2), 3).params["x"])
+    assert not torch.equal(a.params["x"], alone(start(2), 4).params["x"])
 
 
 def test_in_background_returns_the_value_and_reraises():

@@ -541,6 +541,77 @@ def test_per_sample_conv_grads_equal_unfold_bmm_and_autograd(
         torch.testing.assert_close(got[s], gw.reshape(o, -1), rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=12, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    c=st.integers(1, 3),
+    o=st.integers(1, 4),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    k=st.integers(1, 4),
+    padding=st.integers(0, 2),
+    stride=st.integers(1, 3),
+)
+def test_grouped_conv_grads_equal_kernel_rows_and_autograd(b, c, o, h, w, k, padding, stride):
+    """The grouped weight-gradient call (float32 CPU) gives the kernel-row path's per-sample
+    conv gradients in its layout, and each is what autograd gives for that sample alone."""
+    from privdl.engine.ghost import (
+        _conv_grads_by_kernel_row,
+        _conv_grads_grouped,
+        _grouped_backward_applies,
+    )
+
+    if h + 2 * padding < k or w + 2 * padding < k:
+        return
+    gen = torch.Generator().manual_seed(b * 1000 + c * 100 + h * 10 + w + o + 7 * stride)
+    x = torch.randn(b, c, h, w, generator=gen)
+    weight = torch.randn(o, c, k, k, generator=gen)
+    out = torch.nn.functional.conv2d(x, weight, padding=padding, stride=stride)
+    g = torch.randn(out.shape, generator=gen)
+    assert _grouped_backward_applies(x, 5) == torch.backends.mkldnn.is_available()
+    assert not _grouped_backward_applies(x, 3) and not _grouped_backward_applies(x.double(), 5)
+    got = _conv_grads_grouped(x, g, k, padding=padding, stride=stride)
+    rows = _conv_grads_by_kernel_row(x, g.reshape(b, o, -1), k, padding=padding, stride=stride)
+    assert got.shape == rows.shape and got.is_contiguous()
+    torch.testing.assert_close(got, rows, rtol=1e-5, atol=1e-5)
+    r = got.shape[0]  # (kh, B, O, C kw) -> (B, O, kh, C, kw) for stride 1
+    per_sample = got.permute(1, 2, 0, 3).reshape(b, o, r, c, -1) if r > 1 else got[0]
+    for s in range(b):
+        wt = weight.double().requires_grad_(True)
+        z = torch.nn.functional.conv2d(x[s : s + 1].double(), wt, padding=padding, stride=stride)
+        (gw,) = torch.autograd.grad((z * g[s : s + 1].double()).sum(), [wt])
+        want = gw.permute(0, 2, 1, 3) if r > 1 else gw  # (O, kh, C, kw) when by rows
+        torch.testing.assert_close(
+            per_sample[s].double().reshape(-1), want.reshape(-1), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_cnn_clipped_grads_by_grouped_call_equal_kernel_rows(monkeypatch):
+    """The Robust-HDP CNN's clipped sums and norms (float32, 3 nodes x 24 samples, masked)
+    are the same with the grouped per-sample conv gradients as with the kernel-row bmm s."""
+    from privdl.engine import ghost
+
+    gen = torch.Generator().manual_seed(5)
+    model = build_model("cnn-mnist", in_shape=(1, 28, 28), n_classes=10)
+    params = model.init(n_nodes=3, generator=gen)
+    x = torch.randn(3, 24, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (3, 24), generator=gen)
+    mask = torch.rand(3, 24, generator=gen) < 0.7
+    clip = ClipSpec("per_sample", 0.5)
+
+    def run():
+        return node_gradients(
+            model, params, x, y, loss="cross_entropy", clip=clip, mask=mask, method="ghost"
+        )
+
+    grouped = run()
+    monkeypatch.setattr(ghost, "_grouped_backward_applies", lambda x, k: False)
+    rows = run()
+    for k in rows.grads:
+        torch.testing.assert_close(grouped.grads[k], rows.grads[k], rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(grouped.per_sample_norms, rows.per_sample_norms)
+
+
 def test_auto_picks_vmap_for_patch_heavy_convnets_on_cpu_only():
     """The CPU cost rule: conv patches per sample against p, from the architecture."""
     from privdl.engine.ghost import patch_elements, prefers_ghost

@@ -46,6 +46,8 @@ __all__ = [
     "StepInfo",
     "StepSize",
     "consensus_distance",
+    "drawn_ahead",
+    "finish_drawn_ahead",
     "in_background",
     "tree_map",
     "tree_sq_norm_per_node",
@@ -162,6 +164,54 @@ def in_background(fn: Callable[[], T], *, device: torch.device) -> Callable[[], 
     if _POOL is None or _POOL[0] != os.getpid():  # one worker per process (forks start afresh)
         _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="privdl-noise"))
     return _POOL[1].submit(fn).result
+
+
+#: Draws started one step ahead (:func:`drawn_ahead`): owner tuple, the step it is for, getter.
+_AHEAD: list[tuple[tuple[Any, ...], int, Callable[[], Any]]] = []
+_AHEAD_OWNERS = 4  # a few runs side by side in one process (e.g. a benchmark's or a sweep's)
+
+
+def drawn_ahead(
+    owner: tuple[Any, ...], t: int, draw: Callable[[int], T], *, device: torch.device
+) -> Callable[[], T]:
+    """A getter for ``draw(t)``, and ``draw(t + 1)`` started in the background behind it.
+
+    For noise that is a pure function of the step and of keys fixed for the run (DECOR's line 3):
+    on a CPU, step t's draw is served from the one the previous call of the same ``owner`` started
+    when it took step t - 1's, so the worker thread draws during the whole previous step (its
+    tail: gossip and update, then this step's gradients) instead of during the gradients only.
+    ``owner`` names the run by object identity (e.g. the algorithm and its state's key tuples:
+    a resumed run has new ones and starts afresh); the values are ``draw(t)``'s whatever is
+    served (one worker runs the draws in order). Another ``t`` (a rerun step) or owner draws
+    anew. On other devices ``draw(t)`` runs inline, as :func:`in_background` does.
+    """
+    if torch.device(device).type != "cpu":
+        return in_background(lambda: draw(t), device=device)
+    pending = None
+    for k, (who, step, getter) in enumerate(_AHEAD):
+        if len(who) == len(owner) and all(a is b for a, b in zip(who, owner, strict=True)):
+            del _AHEAD[k]
+            if step == t:
+                pending = getter
+            break
+    if pending is None:
+        pending = in_background(lambda: draw(t), device=device)
+    _AHEAD.append((owner, t + 1, in_background(lambda: draw(t + 1), device=device)))
+    if len(_AHEAD) > _AHEAD_OWNERS:
+        del _AHEAD[0]
+    return pending
+
+
+def finish_drawn_ahead(*, keep: bool = False, wait: bool = True) -> None:
+    """Wait for the draws :func:`drawn_ahead` started and drop them (their memory too once
+    drawn) for the end of a run (``wait=False``: drop them at once, their errors unseen);
+    ``keep=True`` keeps them for the steps they are for (a benchmark timing a block of steps
+    with the draw its last step started, which the next block then uses)."""
+    pending = list(_AHEAD)
+    if not keep:
+        _AHEAD.clear()
+    for _, _, getter in pending if wait else ():
+        getter()
 
 
 @dataclass(frozen=True)

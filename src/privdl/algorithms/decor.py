@@ -27,8 +27,8 @@ from privdl.algorithms.base import (
     Keys,
     StepInfo,
     StepSize,
+    drawn_ahead,
     held_nodes,
-    in_background,
     optimizer_buffers,
     optimizer_step,
 )
@@ -159,13 +159,13 @@ class Decor:
         size = sum(v[0].numel() for v in state.params.values())
         owned = comm.owned_list
 
-        def draw() -> torch.Tensor | None:  # line 3: depends on the keys and t, not on g_i
+        def draw(step: int) -> torch.Tensor | None:  # line 3: the keys and t only, not g_i
             return decor_noise(
                 state.edge_keys,
                 self.edges,
                 self.n_nodes,
                 list(state.noise_keys),
-                t,
+                step,
                 size,
                 sigma_cor=self.sigma_cor,
                 sigma_cdp=self.sigma_cdp,
@@ -182,7 +182,9 @@ class Decor:
             grads = self._secure_gradients(res.grads, state, t, size, owned)
             flat = None
         else:
-            pending = in_background(draw, device=first.device)  # drawn while line 2 runs
+            # drawn while line 2 runs; on a CPU started during the previous step
+            owner = (self, comm, state.edge_keys, state.noise_keys, first.dtype)
+            pending = drawn_ahead(owner, t, draw, device=first.device)
             res = oracle(state.params, t, clip=self.clip)  # line 2
             grads = res.grads
             flat = pending()

@@ -103,6 +103,65 @@ def _conv_grads_by_kernel_row(
     return rows
 
 
+#: The smallest kernel size :func:`_conv_grads_grouped` takes. Measured (2026-11-28, one CPU
+#: thread under load, grouped / kernel-row time): the Robust-HDP CNN's 5x5 convs 0.45-0.92 (second
+#: conv, 20-200 samples) and 0.69-1.17 (first conv); 3x3 convs of ResNet shapes at 8 samples
+#: anywhere from 0.19 (64 -> 64 channels, 16x16) to 10.3 (3 -> 64, 32x32) and 2.55 (128 -> 128,
+#: 8x8), so they keep the kernel rows.
+GROUPED_MIN_KERNEL = 5
+
+
+def _grouped_backward_applies(x: Tensor, kernel_size: int) -> bool:
+    """Whether :func:`_conv_grads_grouped` serves this input: float32 on a CPU with oneDNN
+    (mkldnn) and a kernel of at least :data:`GROUPED_MIN_KERNEL`. Others keep
+    :func:`_conv_grads_by_kernel_row` (float64 has no oneDNN kernel; the CUDA path is left as
+    it is)."""
+    return (
+        kernel_size >= GROUPED_MIN_KERNEL
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def _conv_grads_grouped(
+    x: Tensor, g: Tensor, kernel_size: int, *, padding: int, stride: int
+) -> Tensor:
+    """The per-sample conv weight gradients of :func:`_conv_grads_by_kernel_row`, in its layout
+    (``(k, B, O, C k)`` kernel rows for stride 1, else ``(1, B, O, C k^2)``), by one grouped
+    weight-gradient call: the ``B`` samples side by side as ``B`` groups
+    of one convolution (input ``(1, B C, H, W)``, weight ``(B O, C, k, k)``), so the gradient of
+    group ``s``'s weight is sample ``s``'s ``G_s U_s^T`` (the grouped-convolution form of
+    per-example conv gradients, Rochette, Manoel & Tramel 2019), by oneDNN's kernel. On the
+    2-core CPU (float32, one thread, under load) it took 0.71x the kernel-row path's time for
+    the Robust-HDP CNN's second conv at 200 samples with the layout copy (0.45x without it); the
+    same values bit for bit on that CNN (docs/engine.md, the federated round)."""
+    b, c, h, w = x.shape
+    o = g.shape[1]
+    out_h = (h + 2 * padding - kernel_size) // stride + 1
+    out_w = (w + 2 * padding - kernel_size) // stride + 1
+    weight = x.new_empty((b * o, c, kernel_size, kernel_size))  # its shape only, never read
+    grad = torch.ops.aten.convolution_backward(
+        g.reshape(1, b * o, out_h, out_w),
+        x.reshape(1, b * c, h, w),
+        weight,
+        None,
+        [stride, stride],
+        [padding, padding],
+        [1, 1],
+        False,
+        [0, 0],
+        b,
+        [False, True, False],
+    )[1]
+    k = kernel_size
+    if stride != 1:
+        return grad.reshape(1, b, o, c * k * k)
+    # the kernel-row layout (k, B, O, C k) of _conv_grads_by_kernel_row, so that the norms and
+    # the weighted sum downstream run the same reductions (one copy of B O C k^2 entries)
+    return grad.view(b, o, c, k, k).permute(3, 0, 1, 2, 4).contiguous().view(k, b, o, c * k)
+
+
 def _direct_is_cheaper(out_channels: int, patch_rows: int, positions: int) -> bool:
     """``conv_mode="auto"``'s choice: the direct per-sample gradient ``G_s U_s^T`` (cost
     ``O Ck^2 L``) over the Gram form ``<G^T G, U^T U>`` (cost ``L^2 (O + Ck^2)``)."""
@@ -246,9 +305,14 @@ def ghost_clipped_sum(
             )
             psg, u = None, None
             if direct:
-                psg = _conv_grads_by_kernel_row(
+                per_sample = (
+                    _conv_grads_grouped
+                    if _grouped_backward_applies(flat_in, layer.kernel_size)
+                    else _conv_grads_by_kernel_row
+                )
+                psg = per_sample(
                     flat_in, gf, layer.kernel_size, padding=layer.padding, stride=layer.stride
-                )  # (R, nB, O, F): R kernel rows (stride 1) or R = 1 and F = Ck^2
+                )  # (R, nB, O, F): R kernel rows (stride 1, by rows) or R = 1 and F = Ck^2
                 flat_psg = psg.view(psg.shape[0], n * b, -1)
                 per_row = torch.linalg.vector_norm(flat_psg, dim=2)  # contiguous reductions
                 rows.append(torch.linalg.vector_norm(per_row, dim=0).reshape(n, b))
