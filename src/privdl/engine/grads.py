@@ -245,7 +245,7 @@ def _per_sample_clipped(
     loss: str,
     clip: ClipSpec,
     mask: Tensor | None,
-    weights: Tensor,
+    weights: Tensor | float,
     method: str,
 ) -> GradResult:
     """Per-sample clipping of :func:`node_gradients`: the ghost path or ``vmap(grad)``."""
