@@ -399,6 +399,6 @@ REPRODUCTIONS = [
         paper="Whisper D-SGD",
         description="Residual noise of LDP, DECOR scalar, edge-optimized, Whisper, CDP",
         run=run,
-        full_runtime="about 7 minutes on 2 idle cores",
+        full_runtime="about 12 minutes on 2 idle cores (residual tables 7, accuracy runs 5)",
     )
 ]
