@@ -11,12 +11,19 @@ W) at the same accounted epsilon of:
 * Whisper's free covariance (eavesdropper only; needs a trusted dealer).
 
 K = 1 is Whisper's one-step objective; K = 10 is the multi-step one (docs/noise-design.md).
-Accuracy runs (a9a, MNIST) are not part of this reproduction yet.
+
+Accuracy at equal accounted epsilon: DECOR with its best scalar pair against the edge-optimized
+design, both trained by ``privdl run decor`` on one Erdos-Renyi graph (n = 20, p = 0.4): a9a
+logistic regression at user level (eavesdropper and curious users) and the MNIST MLP at example
+level (eavesdropper). Each method's noise is scaled until the run's own accountant gives the
+target epsilon (the design's shape and the scalar pair's ratio are kept), so the two differ only
+in how the noise is spread over nodes and edges. Quick mode: a9a only, a short run, one seed.
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +35,11 @@ PS = (0.2, 0.4, 0.6, 0.8, 1.0)
 METHODS = ("ldp", "decor_scalar", "design", "whisper", "cdp")
 
 
-def run(out: Path, *, quick: bool = False) -> dict[str, Any]:
-    """Write report.md and summary.json into ``out``."""
+def run(out: Path, *, quick: bool = False, data_dir: str | None = None) -> dict[str, Any]:
+    """Write report.md, summary.json and accuracy.png into ``out`` (``data_dir``: MNIST's files)."""
+    import time
+
+    started = time.perf_counter()
     from privdl.accounting.secrdp import PrivacyWarning
     from privdl.design.api import design_noise
     from privdl.topology.graphs import erdos_renyi
@@ -67,10 +77,249 @@ def run(out: Path, *, quick: bool = False) -> dict[str, Any]:
                             ),
                         }
                     )
+    residual_seconds = time.perf_counter() - started
+    accuracy = _accuracy_runs(out, quick=quick, data_dir=data_dir, epsilon=epsilon, delta=delta)
     report = _report(rows, n=n, epsilon=epsilon, delta=delta, steps=steps)
+    report += _accuracy_report(accuracy)
+    report += (
+        f"\nRun time: residual tables {residual_seconds:.0f} s, accuracy runs "
+        f"{sum(r['seconds'] for r in accuracy):.0f} s (wall, this machine).\n"
+    )
     summary = {"setting": {"n": n, "epsilon": epsilon, "delta": delta, "steps": steps,
-                           "seeds": list(seeds)}, "rows": rows}  # fmt: skip
+                           "seeds": list(seeds)}, "rows": rows,
+               "accuracy_setting": _accuracy_settings(quick), "accuracy": accuracy,
+               "seconds": {"residual": residual_seconds,
+                           "total": time.perf_counter() - started}}  # fmt: skip
     return write_outputs(out, report_md=report, summary=summary)
+
+
+#: Accuracy runs: one graph, each dataset's run settings (``level``: the privacy unit).
+ACCURACY_GRAPH = "er:20:0.4:1"
+ACCURACY: dict[str, dict[str, Any]] = {
+    "a9a": {
+        "run": {
+            "task": "a9a",
+            "steps": 1000,
+            "lr": 0.1,
+            "clip": 0.1,
+            "batch_size": 64,
+            "clip_mode": "batch_mean",
+        },  # fmt: skip
+        "level": "user",
+        "adversaries": ("eavesdropper", "curious"),
+    },
+    "mnist": {
+        "run": {
+            "task": "mnist",
+            "model": "mlp",
+            "steps": 300,
+            "lr": 1.0,
+            "clip": 1.0,
+            "batch_size": 64,
+            "clip_mode": "per_sample",
+        },  # fmt: skip
+        "level": "example",
+        "adversaries": ("eavesdropper",),
+    },
+}
+QUICK_ACCURACY = {"a9a": {**ACCURACY["a9a"], "run": {**ACCURACY["a9a"]["run"], "steps": 100},
+                          "adversaries": ("eavesdropper",)}}  # fmt: skip
+ACCURACY_METHODS = ("decor_scalar", "design")
+
+
+def _accuracy_settings(quick: bool) -> dict[str, Any]:
+    table = QUICK_ACCURACY if quick else ACCURACY
+    return {
+        "graph": ACCURACY_GRAPH,
+        "seeds": [1] if quick else [1, 2, 3],
+        "horizon": 10,
+        "common": {
+            "partition": "dirichlet:10",
+            "mixing": "metropolis",
+            "lr_decay": 5000.0,
+            "sampling": "without_replacement",
+            "data_seed": 1,
+        },  # fmt: skip
+        "datasets": {k: {**v, "adversaries": list(v["adversaries"])} for k, v in table.items()},
+    }
+
+
+def _scaled_to_epsilon(epsilon_of: Any, target: float) -> float:
+    """The factor f with epsilon_of(f) <= target, within 1e-6 relative of equality (epsilon is
+    decreasing in the noise variance's factor f; bisection on log f)."""
+    lo, hi = 1.0, 1.0
+    while epsilon_of(lo) <= target:
+        lo /= 2.0
+    while epsilon_of(hi) > target:
+        hi *= 2.0
+    while hi / lo > 1.0 + 1e-7:
+        mid = float(np.sqrt(lo * hi))
+        if epsilon_of(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _run_epsilon(
+    cfg: Any,
+    topo: Any,
+    task: Any,
+    factor: float,
+    *,
+    sigma: float = 0.0,
+    sigma_cor: float = 0.0,
+    design: Any = None,
+) -> float:
+    """The run's own accounted epsilon after ``cfg.steps`` steps with every noise variance of the
+    scalar pair (``sigma``, ``sigma_cor``) or of ``design`` times ``factor``."""
+    from privdl.privacy import spent
+
+    at = spent(
+        cfg, topo, task, noise="correlated", adversary=cfg.adversary, sigma=sigma * factor**0.5,
+        sigma_cor=sigma_cor * factor**0.5, design=None if design is None else design.scaled(factor),
+    )  # fmt: skip
+    return float(at(cfg.steps)["epsilon"])
+
+
+def _accuracy_runs(
+    out: Path, *, quick: bool, data_dir: str | None, epsilon: float, delta: float
+) -> list[dict[str, Any]]:
+    """Train DECOR with its best scalar pair and with the design at the same accounted epsilon."""
+    import tempfile
+    import time
+
+    from privdl.accounting.secrdp import PrivacyWarning
+    from privdl.design.api import design_noise
+    from privdl.experiments.decor import _simulate, non_private
+    from privdl.mechanisms.noise_design import save_design
+    from privdl.registry import make_config
+    from privdl.tasks import build_task
+    from privdl.topology import parse_graph
+
+    setting = _accuracy_settings(quick)
+    topo = parse_graph(ACCURACY_GRAPH)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        for dataset, spec in setting["datasets"].items():
+            base = {**setting["common"], **spec["run"], "graph": ACCURACY_GRAPH, "delta": delta,
+                    "eval_every": 10**9, "algorithm": "decor"}  # fmt: skip
+            if data_dir is not None:
+                base["data_dir"] = data_dir
+            cfg = make_config({**non_private(base), "sigma": 1.0})
+            task = build_task(cfg)
+            for adversary in spec["adversaries"]:
+                designed = design_noise(
+                    topo, epsilon=epsilon, delta=delta, steps=int(base["steps"]),
+                    clip=float(base["clip"]), adversary=adversary, horizon=setting["horizon"],
+                )  # fmt: skip
+                s_cdp, s_cor = designed.decor_sigmas
+                acfg = make_config({**base, "adversary": adversary, "sigma": 1.0})
+
+                run_eps = partial(_run_epsilon, acfg, topo, task)
+                f_scalar = _scaled_to_epsilon(
+                    partial(run_eps, sigma=s_cdp, sigma_cor=s_cor), epsilon
+                )
+                f_design = _scaled_to_epsilon(partial(run_eps, design=designed.design), epsilon)
+                path = Path(tmp) / f"{dataset}-{adversary}.json"
+                save_design(designed.design.scaled(f_design), path)
+                extras = {
+                    "decor_scalar": {
+                        "sigma": s_cdp * f_scalar**0.5,
+                        "sigma_cor": s_cor * f_scalar**0.5,
+                    },
+                    "design": {"noise_design": str(path)},
+                }
+                for method in ACCURACY_METHODS:
+                    for seed in setting["seeds"]:
+                        t0 = time.perf_counter()
+                        got = _simulate({**base, **extras[method], "adversary": adversary,
+                                         "seed": seed})  # fmt: skip
+                        privacy = got["privacy"]
+                        rows.append({
+                            "dataset": dataset, "level": spec["level"], "adversary": adversary,
+                            "method": method, "seed": seed,
+                            "accuracy": float(got["final"]["accuracy"]),
+                            "test_loss": float(got["final"]["test_loss"]),
+                            "epsilon_accounted": float(privacy["epsilon"]),
+                            "label": _label(privacy),
+                            "residual_ratio_vs_decor": designed.residual_ratio_vs_decor,
+                            "noise_scale": f_scalar if method == "decor_scalar" else f_design,
+                            "seconds": time.perf_counter() - t0,
+                        })  # fmt: skip
+    _accuracy_figure(out, rows)
+    return rows
+
+
+def _label(privacy: dict[str, Any]) -> str:
+    return (
+        f"delta {privacy['delta']:g}, {privacy['unit']}-level, {privacy['neighbouring']}, "
+        f"accountant {privacy['accountant']}, threat model {privacy['threat_model']}"
+    )
+
+
+def _accuracy_figure(out: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r["dataset"], r["adversary"]) for r in rows))
+    if not groups:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.4), squeeze=False)
+    for ax, (dataset, adversary) in zip(axes[0], groups, strict=True):
+        means, stds = [], []
+        for method in ACCURACY_METHODS:
+            acc = [r["accuracy"] for r in rows if (r["dataset"], r["adversary"], r["method"])
+                   == (dataset, adversary, method)]  # fmt: skip
+            means.append(float(np.mean(acc)))
+            stds.append(float(np.std(acc)))
+        ax.bar(["DECOR scalar", "edge-optimized"], means, yerr=stds, capsize=4,
+               color=["green", "tab:blue"])  # fmt: skip
+        low = min(m - s for m, s in zip(means, stds, strict=True))
+        ax.set_ylim(max(0.0, low - 0.05), min(1.0, max(means) + 0.05))
+        ax.set_title(f"{dataset}, {adversary}", fontsize=9)
+        ax.set_ylabel("test accuracy", fontsize=9)
+    fig.suptitle("equal accounted epsilon = 10 (delta 1e-5)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=150)
+    plt.close(fig)
+
+
+def _accuracy_report(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    lines = [
+        "",
+        "## Accuracy at equal accounted epsilon",
+        "",
+        f"Graph {ACCURACY_GRAPH} (Metropolis W), each method's noise scaled until the run's own "
+        "accountant gives epsilon = 10; test accuracy and test loss of the average model, mean ± "
+        "std over training seeds. Figure: accuracy.png.",
+        "",
+        "| dataset | level | threat model | residual ratio (K = 10) | method | accuracy | "
+        "test loss | accounted eps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for dataset, adversary in dict.fromkeys((r["dataset"], r["adversary"]) for r in rows):
+        for method in ACCURACY_METHODS:
+            at = [r for r in rows if (r["dataset"], r["adversary"], r["method"])
+                  == (dataset, adversary, method)]  # fmt: skip
+            name = {"decor_scalar": "DECOR scalar", "design": "edge-optimized"}[method]
+            lines.append(
+                f"| {dataset} | {at[0]['level']} | {adversary} | "
+                f"{at[0]['residual_ratio_vs_decor']:.3f} | {name} | "
+                f"{_cell([r['accuracy'] for r in at])} | {_cell([r['test_loss'] for r in at])} | "
+                f"{max(r['epsilon_accounted'] for r in at):.6g} |"
+            )
+    labels = sorted({r["label"] for r in rows})
+    lines += ["", "epsilon: " + "; ".join(labels), ""]
+    seeds = sorted({r["seed"] for r in rows})
+    lines.append(f"Training seeds: {seeds}; data seed 1.")
+    return "\n".join(lines) + "\n"
 
 
 def _connected_seeds(n: int, p: float, count: int) -> list[int]:
@@ -122,7 +371,26 @@ def _report(rows: list[dict[str, Any]], **setting: Any) -> str:
                 vs_w = _cell([r["ratio_vs_whisper"] for r in at if r["ratio_vs_whisper"]])
                 lines.append(f"| {p} | {' | '.join(cells)} | {ratio} | {vs_w} |")
             lines.append(f"\nepsilon: {sel[0]['label']}")
+            lines += _short_of_target(sel)
     return "\n".join(lines) + "\n"
+
+
+def _short_of_target(sel: list[dict[str, Any]]) -> list[str]:
+    """A note for every irregular graph (p <= 0.6) where the design is short of 10% below DECOR."""
+    notes = []
+    for p in PS:
+        at = [r for r in sel if r["p"] == p]
+        if p > 0.6 or not at or float(np.mean([r["ratio_vs_decor"] for r in at])) <= 0.9:
+            continue
+        scalar_is_ldp = sum(r["decor_scalar"] >= r["ldp"] * (1 - 1e-9) for r in at)
+        notes.append(
+            f"\np = {p}: ours / DECOR = {np.mean([r['ratio_vs_decor'] for r in at]):.3f}, short "
+            "of the 10% target. The design problem is convex and the conic solution is its "
+            "global optimum (the first-order solver reaches the same value), so no edge-wise "
+            f"design does better here; DECOR's best scalar pair is LDP itself (sigma_cor = 0) "
+            f"on {scalar_is_ldp} of {len(at)} graphs (docs/noise-design.md)."
+        )
+    return notes
 
 
 REPRODUCTIONS = [
@@ -131,6 +399,6 @@ REPRODUCTIONS = [
         paper="Whisper D-SGD",
         description="Residual noise of LDP, DECOR scalar, edge-optimized, Whisper, CDP",
         run=run,
-        full_runtime="about 7 minutes on 2 idle cores",
+        full_runtime="about 12 minutes on 2 idle cores (residual tables 7, accuracy runs 5)",
     )
 ]
