@@ -875,7 +875,7 @@ REPRODUCTIONS = [
         description="a9a logistic regression + nonconvex regulariser: PORTER-DP vs SoteriaFL-SGD "
         "at eps in {0.01, 0.1}; PORTER-GC vs BEER; utility against rounds and bits",
         run=_a9a,
-        full_runtime="16.5 s on one CPU core (T = 1000; measured 2026-11-24)",
+        full_runtime="16.5-20 s per seed on one CPU core, 3 seeds (T = 1000; measured 2026-11-24)",
     ),
     Reproduction(
         name="porter-mnist",
@@ -883,6 +883,6 @@ REPRODUCTIONS = [
         description="MNIST one-hidden-layer (64 sigmoid) network: PORTER-DP vs SoteriaFL-SGD at "
         "eps in {0.01, 0.1}; PORTER-GC vs BEER; utility against rounds and bits",
         run=_mnist,
-        full_runtime="129 s on one CPU core (T = 500, full data; measured 2026-11-24)",
+        full_runtime="129-133 s per seed on one CPU core, 3 seeds (T = 500, full data; measured 2026-11-24)",
     ),
 ]
