@@ -7,7 +7,8 @@ take the new form while every number stays the one the run recorded.
 What it redraws (each by the function ``privdl reproduce`` itself draws with):
 
 * ``porter-a9a``, ``porter-mnist``: ``{a9a,mnist}_{dp,gc}.png`` from the curves in
-  ``summary.json`` (:func:`privdl.experiments.porter.replot`);
+  ``summary.json`` (:func:`privdl.experiments.porter.replot`), the seeds' mean with a band of
+  +- one std where the summary keeps their spread (``curves_std``);
 * ``robust-hdp-mnist`` (and its ``dist*-baselines`` reports), ``robust-hdp-fmnist``:
   ``accuracy.png`` from the cells' accuracies in ``summary.json``
   (:func:`privdl.experiments.robust_hdp.replot_table`).

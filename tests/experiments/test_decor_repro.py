@@ -354,3 +354,52 @@ def test_fig1a_cut_off_grid_resumes_with_the_same_numbers(tmp_path, monkeypatch)
     pair = next(c for c in whole["checks"] if c["name"].startswith("paper pair ring eps=5"))
     assert "classic conversion" in pair["detail"] and "vs code 6.11" in pair["detail"]
     assert {r["privacy"]["accountant"] for r in whole["results"]} == {"secrdp+classic"}
+
+
+@pytest.mark.slow
+def test_fig1b_cut_off_grid_resumes_with_the_same_numbers(tmp_path, monkeypatch) -> None:
+    """Fig 1b resumes as Fig 1a does: its runs and noise-free floors are cells that keep their
+    gap and L*, so a resumed grid whose first run is kept gives the uninterrupted one's numbers."""
+    import privdl.experiments.decor as decor_mod
+    from privdl.errors import ConfigError
+
+    opts = dict(quick=True, overrides={"steps": "60"})
+    rep = get("decor-fig1b")
+    whole = rep.run(tmp_path / "whole", **opts)
+    cells = sorted((tmp_path / "whole" / "cells").glob("*.json"))
+    floors = {(r["topology"], r["lr"], r["clip"]) for r in whole["results"]}
+    assert len(cells) == len(whole["results"]) + len(floors)  # the runs and their floors
+    cut = tmp_path / "cut"
+    (cut / "cells").mkdir(parents=True)
+    for c in cells[2:]:  # two runs lost: their L* comes from a kept cell or is computed again
+        (cut / "cells" / c.name).write_text(c.read_text())
+    with pytest.raises(ConfigError, match="--resume"):
+        rep.run(cut, **opts)
+    calls = []
+    real = decor_mod._simulate
+    monkeypatch.setattr(decor_mod, "_simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = rep.run(cut, **opts, resume=True)
+    assert len(calls) == 2
+    assert resumed["results"] == whole["results"] and resumed["l_star"] == whole["l_star"]
+
+
+@pytest.mark.slow
+def test_fig1c_resumes_without_training_again(tmp_path, shared_datasets, monkeypatch) -> None:
+    """Fig 1c's runs are cells: a second run with --resume trains nothing and gives the same
+    accuracies and the same legacy and accounted epsilons."""
+    if not (shared_datasets / "mnist").is_dir():
+        pytest.skip(f"MNIST not found under {shared_datasets}")
+    import privdl.experiments.decor_mnist as fig1c_mod
+
+    opts = dict(
+        quick=True,
+        data_dir=str(shared_datasets),
+        overrides={"steps": "10"},
+    )
+    rep = get("decor-fig1c")
+    first = rep.run(tmp_path, **opts)
+    calls = []
+    real = fig1c_mod._simulate
+    monkeypatch.setattr(fig1c_mod, "_simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = rep.run(tmp_path, **opts, resume=True)
+    assert not calls and again["results"] == json.loads(json.dumps(first["results"]))

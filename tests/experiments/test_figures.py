@@ -133,3 +133,38 @@ def test_ksweep_curves_per_k_and_nothing_without_curves(figures, tmp_path) -> No
     loss_ax, acc_ax = fig.axes
     assert [max(line.get_xdata()) for line in loss_ax.get_lines()] == [5, 10, 20]
     assert [line.get_label() for line in acc_ax.get_lines()] == ["K = 5", "K = 10 (K*)", "K = 20"]
+
+
+def test_committed_porter_figure_draws_the_seeds_band(figures, tmp_path) -> None:
+    """The committed 3-seed a9a figure: each curve is the seeds' mean (the summary's curve) with
+    one band around it, whose top at the last round is mean + std from the summary."""
+    from matplotlib.collections import PolyCollection
+
+    shutil.copytree(RESULTS / "porter-a9a", tmp_path / "p", ignore=shutil.ignore_patterns("tuning"))
+    porter.replot(tmp_path / "p")
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert len(summary["facts"]["seeds"]) >= 3
+    dp = figures[0]
+    acc_ax = dp.axes[2]
+    bands = [c for c in acc_ax.collections if isinstance(c, PolyCollection)]
+    labels = [k for k in summary["curves"] if k.startswith(("PORTER-DP", "SoteriaFL"))]
+    assert len(bands) == len(acc_ax.get_lines()) == len(labels)
+    for band, label in zip(bands, labels, strict=True):
+        top = band.get_paths()[0].vertices[:, 1].max()
+        mean = summary["curves"][label]["accuracy"]
+        std = summary["curves_std"][label]["accuracy"]
+        assert top == pytest.approx(max(m + s for m, s in zip(mean, std, strict=True)))
+    assert "mean +- std over 3 seeds" in dp._suptitle.get_text()
+    assert text_inside_figure(dp, dp._suptitle)
+
+
+def test_ksweep_curves_draw_a_band_where_there_are_seeds(figures, tmp_path) -> None:
+    curve = [{"k": k, "loss": 1.0, "accuracy": 0.5} for k in (0, 5, 10)]
+    spread = [{"k": k, "loss": 0.1, "accuracy": 0.02} for k in (0, 5, 10)]
+    results = {"10": {"K": 10, "curve": curve, "curve_std": spread, "seeds": 3}}
+    results["20"] = {"K": 20, "curve": curve}  # one seed: no band
+    assert privsgp.ksweep_curves_plot(tmp_path / "c.png", results, k_star=10)
+    (fig,) = figures
+    loss_ax, acc_ax = fig.axes
+    assert len(loss_ax.collections) == len(acc_ax.collections) == 1
+    assert "mean +- std over 3 seeds" in fig._suptitle.get_text()

@@ -27,7 +27,7 @@ from privdl.records import RunRecords
 @click.option(
     "--resume",
     is_flag=True,
-    help="Keep the finished cells in --out and continue the cut-off one (Robust-HDP tables, DECOR Fig 1a).",
+    help="Keep the finished runs (cells) in --out and train only the missing ones (Robust-HDP tables, DECOR Figs 1a-1c, the seeds of PORTER and the PrivSGP-VR MNIST sweeps).",
 )
 @click.option(
     "--set",

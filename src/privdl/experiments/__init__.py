@@ -8,7 +8,9 @@ directory, with the paper's values or expected orderings beside ours.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +90,38 @@ def cells_dir(out_dir: Path, *, resume: bool) -> Path:
         )
     cells.mkdir(parents=True, exist_ok=True)
     return cells
+
+
+class RunCells:
+    """Finished runs of a grid (DECOR's cells, the seeds of PORTER and the PrivSGP-VR sweeps),
+    one JSON file each under ``out_dir/cells`` (named by a hash of the run's full configuration,
+    which the file also keeps), so ``privdl reproduce NAME --resume`` continues a grid that was
+    cut off and trains only the runs it had not finished.
+
+    Without ``resume`` a folder that already holds cells is refused (nothing is overwritten). A
+    cell keeps the run's JSON results (the keys not starting with ``_``).
+    """
+
+    def __init__(self, out_dir: Path, *, resume: bool) -> None:
+        self.dir = cells_dir(out_dir, resume=resume)
+        self.kept = 0  # cells reused from an earlier run (reported in the summary)
+
+    def path(self, key: dict[str, Any]) -> Path:
+        blob = json.dumps(key, sort_keys=True, default=str).encode()
+        return self.dir / f"{hashlib.sha256(blob).hexdigest()[:20]}.json"
+
+    def run(self, key: dict[str, Any], compute) -> dict[str, Any]:
+        """The run's results: from its cell, or ``compute()`` now and saved as a cell."""
+        path = self.path(key)
+        if path.exists():
+            blob = json.loads(path.read_text())
+            if blob.get("key") == json.loads(json.dumps(key, default=str)):
+                self.kept += 1
+                return blob["result"]
+        result = compute()
+        kept = {k: v for k, v in result.items() if not k.startswith("_")}
+        write_json_atomic(path, {"key": key, "result": kept})
+        return kept
 
 
 def apply_overrides(

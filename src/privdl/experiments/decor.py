@@ -16,12 +16,10 @@ only records the metrics the paper plots.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,15 +31,14 @@ from privdl.engine.grads import evaluate
 from privdl.errors import ConfigError
 from privdl.experiments import (
     Reproduction,
+    RunCells,
     apply_overrides,
-    cells_dir,
     load_preset,
     write_outputs,
 )
 from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, wrap_title
 from privdl.loop import build_run
 from privdl.privacy import decor_pair_for_step_rdp
-from privdl.records import write_json_atomic
 from privdl.registry import make_config
 from privdl.topology import parse_graph
 
@@ -136,37 +133,6 @@ def _simulate(values: dict[str, Any], *, window: int = 0, metric=None) -> dict[s
     out["_task"] = task
     out["_params"] = state.params
     return out
-
-
-class RunCells:
-    """Finished runs of a DECOR grid, one JSON file each under ``out_dir/cells`` (named by a hash
-    of the run's full configuration, which the file also keeps), so ``privdl reproduce NAME
-    --resume`` continues a grid that was cut off and trains only the runs it had not finished.
-
-    Without ``resume`` a folder that already holds cells is refused (nothing is overwritten). A
-    cell keeps the run's JSON results (the keys not starting with ``_``).
-    """
-
-    def __init__(self, out_dir: Path, *, resume: bool) -> None:
-        self.dir = cells_dir(out_dir, resume=resume)
-        self.kept = 0  # cells reused from an earlier run (reported in the summary)
-
-    def path(self, key: dict[str, Any]) -> Path:
-        blob = json.dumps(key, sort_keys=True, default=str).encode()
-        return self.dir / f"{hashlib.sha256(blob).hexdigest()[:20]}.json"
-
-    def run(self, key: dict[str, Any], compute) -> dict[str, Any]:
-        """The run's results: from its cell, or ``compute()`` now and saved as a cell."""
-        path = self.path(key)
-        if path.exists():
-            blob = json.loads(path.read_text())
-            if blob.get("key") == json.loads(json.dumps(key, default=str)):
-                self.kept += 1
-                return blob["result"]
-        result = compute()
-        kept = {k: v for k, v in result.items() if not k.startswith("_")}
-        write_json_atomic(path, {"key": key, "result": kept})
-        return kept
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -570,8 +536,37 @@ def _decor_grid_pair(graph, *, eps, steps, delta, clip, n, points, cor_max_facto
     )
 
 
+class _GapRuns:
+    """Fig 1b's runs as cells: each run's gap ``BCE(xbar) - L*`` on the full training set, with
+    ``L*`` (:func:`a9a_optimum`, computed once, by the first run trained here, or read back
+    from a kept cell) kept beside it."""
+
+    def __init__(self, cells: RunCells) -> None:
+        self.cells = cells
+        self.l_star: float | None = None
+
+    def run(self, v: dict[str, Any], *, metric: str) -> dict[str, Any]:
+        key = {"values": {k: x for k, x in v.items() if k != "data_dir"}, "metric": metric}
+        r = self.cells.run(key, lambda: self._gap(v))
+        if self.l_star is None:
+            self.l_star = float(r["l_star"])
+        return r
+
+    def _gap(self, v: dict[str, Any]) -> dict[str, Any]:
+        r = _simulate(v)
+        if self.l_star is None:
+            self.l_star = a9a_optimum(r["_task"])
+        r["gap"] = _full_train_loss(r["_task"], r["_params"]) - self.l_star
+        r["l_star"] = self.l_star
+        return r
+
+
 def _add_noise_free_floors(
-    results: dict[str, dict[str, Any]], p: dict[str, Any], base: dict[str, Any], l_star: float
+    results: dict[str, dict[str, Any]],
+    p: dict[str, Any],
+    base: dict[str, Any],
+    *,
+    gaps: _GapRuns,
 ) -> None:
     """Each result's noise-free gap: D-SGD on its graph with its (lr, C) and no noise.
 
@@ -584,15 +579,15 @@ def _add_noise_free_floors(
         graph = p["graphs"][r["topology"]]  # CDP's topology is "complete" (W = J)
         key = (graph, r["lr"], r["clip"])
         if key not in floors:
-            gaps = []
+            floor: list[float] = []
             for seed in p["seeds"]:
                 v = dict(
                     non_private(base), algorithm="dsgd", graph=graph, seed=seed, lr=r["lr"],
                     clip=r["clip"],
                 )  # fmt: skip
-                run = _simulate(v)
-                gaps.append(_full_train_loss(run["_task"], run["_params"]) - l_star)
-            floors[key] = _mean_std(gaps)
+                # a cell, its gap to the same L* as the private runs'
+                floor.append(gaps.run(v, metric="a9a BCE gap, noise-free floor")["gap"])
+            floors[key] = _mean_std(floor)
         r["floor_gap"], r["floor_gap_std"] = floors[key]
 
 
@@ -607,11 +602,15 @@ def run_fig1b(
     quick: bool,
     data_dir: str | None = None,
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Fig 1b (DECOR Section 6.1): a9a logistic regression, gap = train BCE(xbar) - L* vs eps."""
+    """Fig 1b (DECOR Section 6.1): a9a logistic regression, gap = train BCE(xbar) - L* vs eps.
+    Each run (and each noise-free floor run) is kept as a cell (:class:`RunCells`, with its gap
+    and L*); ``resume`` reuses the finished ones."""
     p = _preset("decor-fig1b", quick, overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out, resume=resume)
     base = dict(
         task="a9a",
         steps=p["steps"],
@@ -630,6 +629,7 @@ def run_fig1b(
     results: dict[str, dict[str, Any]] = {}
     l_star = None
     t0 = time.perf_counter()
+    gaps = _GapRuns(cells)
     for eps in p["epsilons"]:
         for alg, topo in _methods(p["topologies"]):
             key = alg if alg != "decor" else f"decor_{topo}"
@@ -659,10 +659,8 @@ def run_fig1b(
                     clip=clip,
                     **extra,
                 )
-                r = _simulate(v)
-                if l_star is None:
-                    l_star = a9a_optimum(r["_task"])
-                r["gap"] = _full_train_loss(r["_task"], r["_params"]) - l_star
+                r = gaps.run(v, metric="a9a BCE gap")
+                l_star = r["l_star"]
                 runs.append(r)
             gm, gs = _mean_std([r["gap"] for r in runs])
             am, asd = _mean_std([r["final"]["accuracy"] for r in runs])
@@ -683,7 +681,7 @@ def run_fig1b(
             )
     if p["noise_free_floor"]:
         # l_star is set by the first run (and unused when nothing ran)
-        _add_noise_free_floors(results, p, base, cast(float, l_star))
+        _add_noise_free_floors(results, p, base, gaps=gaps)
     wall = time.perf_counter() - t0
     checks = []
     tol = p["checks"]["cdp_over_decor_max"]

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, apply_overrides, write_outputs
+from privdl.experiments import Reproduction, RunCells, apply_overrides, write_outputs
 from privdl.experiments.decor import (
     _checks_md,
     _mean_std,
@@ -130,8 +130,12 @@ def run_fig1c(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Fig 1c (DECOR Section 6.2): MNIST test accuracy, legacy budgets and correctly accounted ones.
+
+    Each run is kept as a cell (:class:`~privdl.experiments.RunCells`); ``resume`` reuses the
+    finished ones (``privdl reproduce decor-fig1c --resume`` continues a grid cut off).
 
     ``overrides`` (``--set``) replace top-level preset values, e.g. ``seeds=1,123``,
     ``topologies=torus``, ``epsilons=3,10``, ``legacy_epsilons=`` (none), ``steps=1000``.
@@ -140,6 +144,7 @@ def run_fig1c(
     p = apply_overrides(p, overrides, name="decor-fig1c")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out, resume=resume)
     base = fig1c_base(p, data_dir=data_dir, device=device)
     # MNIST: a supervised task
     probe = cast(
@@ -185,7 +190,12 @@ def run_fig1c(
             runs = []
             for seed in p["seeds"]:
                 v = dict(base, algorithm=alg, graph=spec, seed=seed, lr=lr, clip=clip, **extra)
-                runs.append(_simulate(v))
+                kept = {k: x for k, x in v.items() if k not in ("data_dir", "device")}
+                runs.append(
+                    cells.run(
+                        {"values": kept, "metric": "mnist accuracy"}, lambda v=v: _simulate(v)
+                    )
+                )
             am, asd = _mean_std([r["final"]["accuracy"] for r in runs])
             print(
                 f"[decor-fig1c {time.perf_counter() - t0:7.1f}s] {kind} eps={eps} {alg}/{topo}: "
@@ -196,8 +206,9 @@ def run_fig1c(
             r0 = runs[0]
             cfg = make_config(dict(base, algorithm=alg, graph=spec, lr=lr, clip=clip))
             topo_obj = parse_graph(spec if alg != "cdp" else "complete:16")
+            task = build_task(cfg)  # the runs' data (a cell keeps no task): its sampling rates
             rho = recipe_for(cfg).step_rdp(  # type: ignore[attr-defined]
-                cfg, topo_obj, r0["_task"], sigma=r0["sigma"], sigma_cor=r0["sigma_cor"]
+                cfg, topo_obj, task, sigma=r0["sigma"], sigma_cor=r0["sigma_cor"]
             )
             results[f"{kind}/{alg}/{topo}/{eps}"] = dict(
                 budget=kind,

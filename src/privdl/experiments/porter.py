@@ -18,6 +18,7 @@ Tasks: :class:`NonconvexLogisticTask` (a9a, eq. in PORTER §5.1: logistic loss p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ from privdl.data import gather_batch, load_dataset, partition_iid, sample_batche
 from privdl.engine.clipping import clip_by_global_norm, clip_factor
 from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
 from privdl.engine.threads import one_thread
-from privdl.experiments import Reproduction, load_preset, write_outputs
+from privdl.errors import ConfigError
+from privdl.experiments import Reproduction, RunCells, apply_overrides, load_preset, write_outputs
 from privdl.experiments.figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, positive_x
+from privdl.experiments.seeds import mean_curve, mean_std, pm
 from privdl.mechanisms.compress import RandomK
 from privdl.models import build_model
 from privdl.tasks import step_generator
@@ -315,11 +318,25 @@ class Setup:
     facts: dict[str, Any]
 
 
-def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = True) -> Setup:
-    """Load the preset ``porter-{which}`` and build everything but the algorithms."""
+def setup(
+    which: str,
+    *,
+    quick: bool,
+    data_dir: str | None,
+    calibrate: bool = True,
+    overrides: dict[str, str] | None = None,
+) -> Setup:
+    """Load the preset ``porter-{which}`` and build everything but the algorithms. ``run`` is
+    the mode's table with the preset's ``seeds`` (the mode's own list wins) and the ``--set``
+    overrides of its values; the task draws the minibatches of the first seed."""
     pre = load_preset(f"porter-{which}")
-    run = pre["quick" if quick else "full"]
-    n, seed = pre["n_agents"], pre["seed"]
+    mode = pre["quick" if quick else "full"]
+    run = apply_overrides({"seeds": pre["seeds"], **mode}, overrides, name=f"porter-{which}")
+    if not run["seeds"] or len(set(run["seeds"])) != len(run["seeds"]):
+        raise ConfigError(
+            f"porter-{which}: seeds must be distinct, at least one; got {run['seeds']}"
+        )
+    n, seed = pre["n_agents"], run["seeds"][0]
     task: NonconvexLogisticTask | MLPTask
     if which == "a9a":
         task = NonconvexLogisticTask.from_a9a(
@@ -358,6 +375,7 @@ def setup(which: str, *, quick: bool, data_dir: str | None, calibrate: bool = Tr
         "clip_kind": pre["clip_kind"],
         "step_sizes": hp,
         "majority_class_test_accuracy": _majority_rate(task),
+        "seeds": list(run["seeds"]),
     }
     return Setup(pre, run, task, comm, comp, priv, facts)
 
@@ -400,25 +418,122 @@ def algorithms(s: Setup, step_sizes: dict[str, float] | None = None) -> dict[str
     return out
 
 
-def _experiment(which: str, out_dir: Path, *, quick: bool, data_dir: str | None) -> dict:
+def _experiment(
+    which: str,
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None,
+    resume: bool = False,
+    overrides: dict[str, str] | None = None,
+) -> dict:
+    """Every run on every seed of the preset's ``seeds`` (x0, minibatches and noise; the data
+    split is the same for all), each kept as a cell under ``out_dir/cells`` (``resume``: the
+    finished ones are not trained again); the summary's curves and finals are the means over the
+    seeds, with their std (``curves_std``, ``*_std``) and every seed's curves beside them."""
     start = time.perf_counter()
-    s = setup(which, quick=quick, data_dir=data_dir)
-    curves = {
-        label: run_curve(
-            alg,
-            s.task,
-            s.comm,
-            rounds=s.run["rounds"],
-            eval_every=s.run["eval_every"],
-            seed=s.pre["seed"],
-        )
-        for label, alg in algorithms(s).items()
-    }
-    summary = _summarise(which, s.pre, curves, s.priv, quick=quick, facts=s.facts)
-    summary["runtime_s"] = time.perf_counter() - start
+    s = setup(which, quick=quick, data_dir=data_dir, overrides=overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _plots(curves, out_dir, which)
+    cells = RunCells(out_dir, resume=resume)
+    fixed = {k: v for k, v in s.pre.items() if k not in ("quick", "full", "seeds")}
+    per_seed: dict[str, dict[str, Any]] = {}
+    for seed in s.run["seeds"]:
+        task = dataclasses.replace(s.task, seed=seed)  # this seed's minibatches, same data
+        per_seed[str(seed)] = {}
+        for label, alg in algorithms(s).items():
+            key = {
+                "reproduction": f"porter-{which}",
+                "run": label,
+                "seed": seed,
+                "quick": quick,
+                "preset": fixed,
+                "mode": {k: v for k, v in s.run.items() if k != "seeds"},
+            }
+            per_seed[str(seed)][label] = cells.run(
+                key,
+                lambda alg=alg, task=task, seed=seed: _timed_curve(alg, task, s, seed=seed),
+            )
+    curves, spread = _over_seeds(per_seed)
+    summary = _summarise(which, s.pre, curves, s.priv, quick=quick, facts=s.facts)
+    if spread is not None:  # several seeds: the spread and every seed's curves
+        summary["curves_std"] = spread
+        summary["curves_per_seed"] = per_seed
+        _finals_spread(summary, per_seed)
+    summary["runtime_s"] = time.perf_counter() - start
+    summary["runtime_s_per_seed"] = {
+        seed: sum(c.get("runtime_s", 0.0) for c in runs.values()) for seed, runs in per_seed.items()
+    }
+    summary["cells_kept"] = cells.kept
+    _plots(curves, out_dir, which, spread=spread, n_seeds=len(per_seed))
     return write_outputs(out_dir, report_md=_report(which, summary), summary=summary)
+
+
+def _timed_curve(alg: Any, task: Any, s: Setup, *, seed: int) -> dict[str, Any]:
+    """:func:`run_curve` for one seed, with its run time (``runtime_s``)."""
+    t0 = time.perf_counter()
+    curve = run_curve(
+        alg, task, s.comm, rounds=s.run["rounds"], eval_every=s.run["eval_every"], seed=seed
+    )
+    curve["runtime_s"] = time.perf_counter() - t0
+    return curve
+
+
+#: The logged metrics a curve keeps per evaluation, averaged over seeds point by point (the bits
+#: sent are the same on every seed: k entries per message).
+_METRICS = ("utility", "utility_avg", "accuracy", "loss")
+
+
+def _over_seeds(
+    per_seed: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The runs' curves as means over the seeds (one seed: that seed's curves as they are) and
+    their std per point (None for one seed). The tracking invariant's largest violation is the
+    largest over the seeds."""
+    seeds = list(per_seed)
+    if len(seeds) == 1:
+        only = per_seed[seeds[0]]
+        return {k: {m: v for m, v in c.items() if m != "runtime_s"} for k, c in only.items()}, None
+    curves: dict[str, Any] = {}
+    spread: dict[str, Any] = {}
+    for label in per_seed[seeds[0]]:
+        runs = [per_seed[sd][label] for sd in seeds]
+        points = [
+            [{"round": r, **{m: c[m][i] for m in _METRICS}} for i, r in enumerate(c["round"])]
+            for c in runs
+        ]
+        mean, std = mean_curve(points, _METRICS, x="round")
+        if any(c["bits"] != runs[0]["bits"] for c in runs):
+            raise RuntimeError(f"{label}: the seeds sent different numbers of bits")
+        curves[label] = {
+            "round": [p["round"] for p in mean],
+            "bits": list(runs[0]["bits"]),
+            **{m: [p[m] for p in mean] for m in _METRICS},
+        }
+        spread[label] = {m: [p[m] for p in cast(list, std)] for m in _METRICS}
+        curves[label]["invariant_max_abs"] = max(c["invariant_max_abs"] for c in runs)
+        curves[label]["invariant_scale"] = max(c["invariant_scale"] for c in runs)
+    return curves, spread
+
+
+def _finals_spread(summary: dict[str, Any], per_seed: dict[str, dict[str, Any]]) -> None:
+    """Each run's finals as the mean over the seeds' finals with their std (``*_std``) and the
+    per-seed values (``*_per_seed``); the PORTER-DP minus SoteriaFL accuracy per seed."""
+    keys = {"utility_final": "utility", "accuracy_final": "accuracy", "loss_final": "loss"}
+    for name, finals in summary["finals"].items():
+        for field, metric in keys.items():
+            values = [_final(runs[name], metric) for runs in per_seed.values()]
+            finals[field], finals[f"{field}_std"] = mean_std(values)
+            finals[f"{field}_per_seed"] = values
+        values = [runs[name]["utility_avg"][-1] for runs in per_seed.values()]
+        finals["utility_avg_final"], finals["utility_avg_final_std"] = mean_std(values)
+        finals["utility_avg_final_per_seed"] = values
+    for key, o in summary["observed_vs_paper"].items():
+        if isinstance(o, dict):  # "eps=E": PORTER-DP minus SoteriaFL-SGD, seed by seed
+            p, q = f"PORTER-DP {key}", f"SoteriaFL-SGD {key}"
+            o["porter_accuracy_minus_soteria_per_seed"] = [
+                _final(runs[p], "accuracy") - _final(runs[q], "accuracy")
+                for runs in per_seed.values()
+            ]
 
 
 def _final(c: dict[str, Any], key: str, frac: float = 0.2) -> float:
@@ -501,10 +616,19 @@ PAPER_ORDERINGS = {
 }
 
 
-def _plots(curves: dict[str, Any], out: Path, which: str) -> list[Path]:
+def _plots(
+    curves: dict[str, Any],
+    out: Path,
+    which: str,
+    *,
+    spread: dict[str, Any] | None = None,
+    n_seeds: int = 1,
+) -> list[Path]:
     """The paper's Figs. 2-3 panels: utility against rounds, utility against bits sent per
     agent (log axis, so from round 1 on: round 0 has sent 0 bits) and test accuracy against
-    rounds; sized to print at a page's width."""
+    rounds; sized to print at a page's width. With ``spread`` (the std per point over seeds)
+    each curve is the seeds' mean with a band of mean +- std (its lower edge kept above 0 on the
+    log axes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -520,10 +644,16 @@ def _plots(curves: dict[str, Any], out: Path, which: str) -> list[Path]:
         for name in names:
             c = curves[name]
             shown = name.replace("eps=", "NOMINAL eps=")  # Theorem 1's claim, not a guarantee
-            axes[0].semilogy(c["round"], c["utility_avg"], label=shown)
+            (line,) = axes[0].semilogy(c["round"], c["utility_avg"], label=shown)
             bits, util = positive_x(c["bits"], c["utility_avg"])
             axes[1].loglog(bits, util, label=shown)
             axes[2].plot(c["round"], c["accuracy"], label=shown)
+            if spread is not None and name in spread:
+                sd = spread[name]
+                _band(axes[0], c["round"], c["utility_avg"], sd["utility_avg"], line, log=True)
+                bits, util, u_sd = positive_x(c["bits"], c["utility_avg"], sd["utility_avg"])
+                _band(axes[1], bits, util, u_sd, line, log=True)
+                _band(axes[2], c["round"], c["accuracy"], sd["accuracy"], line, log=False)
         axes[0].set_xlabel("communication rounds", fontsize=LABEL_SIZE)
         axes[0].set_ylabel("train utility (running avg)", fontsize=LABEL_SIZE)
         axes[1].set_xlabel("bits sent per agent (from round 1)", fontsize=LABEL_SIZE)
@@ -537,6 +667,8 @@ def _plots(curves: dict[str, Any], out: Path, which: str) -> list[Path]:
             if gname == "dp"
             else f"porter-{which}: PORTER-GC vs BEER"
         )
+        if spread is not None:
+            title += f"\nmean +- std over {n_seeds} seeds (shaded)"
         fig.suptitle(title, fontsize=TITLE_SIZE + 1)
         fig.tight_layout()
         path = out / f"{which}_{gname}.png"
@@ -546,12 +678,24 @@ def _plots(curves: dict[str, Any], out: Path, which: str) -> list[Path]:
     return paths
 
 
+def _band(ax: Any, x: Any, y: Any, sd: Any, line: Any, *, log: bool) -> None:
+    """Shade mean +- std around one curve in its colour; on a log axis the lower edge is kept
+    at a tenth of the mean at least (a band through 0 has no place there)."""
+    ya, sa = np.asarray(y, dtype=float), np.asarray(sd, dtype=float)
+    low = np.maximum(ya - sa, ya / 10.0) if log else ya - sa
+    ax.fill_between(
+        np.asarray(x, dtype=float), low, ya + sa, color=line.get_color(), alpha=0.2, lw=0
+    )
+
+
 def replot(out_dir: Path) -> list[Path]:
     """Redraw a finished run's figures from the curves its ``summary.json`` keeps (no
-    training): the committed results' figures in the current form."""
+    training): the committed results' figures in the current form, with the seeds' bands where
+    it kept their spread."""
     s = json.loads((Path(out_dir) / "summary.json").read_text())
     which = str(s["reproduction"]).removeprefix("porter-")
-    return _plots(s["curves"], Path(out_dir), which)
+    seeds = len(s["facts"].get("seeds", [0]))
+    return _plots(s["curves"], Path(out_dir), which, spread=s.get("curves_std"), n_seeds=seeds)
 
 
 def _accountants(s: dict[str, Any], field: str) -> str:
@@ -612,7 +756,16 @@ def _report(which: str, s: dict[str, Any]) -> str:
         "",
         "Warnings: " + "; ".join(sorted({w for r in s["privacy"] for w in r["warnings"]})),
     ]
+    seeds = f.get("seeds", [0])
+    spread = len(seeds) > 1
     lines += ["", "## Results (mean of the last 20% of logged points)", ""]
+    if spread:
+        lines += [
+            f"Each value is the mean +- std (sample std, ddof 1) over {len(seeds)} seeds "
+            f"({', '.join(str(x) for x in seeds)}: x0, minibatches and noise; the data split is "
+            "the same), of each seed's own final value.",
+            "",
+        ]
     lines += [
         "Run labels `eps=E` name the paper's NOMINAL epsilon (Theorem 1's sigma_p for E, as in "
         "its figures), not a guarantee: the epsilon that noise delivers is the privacy table's "
@@ -624,10 +777,16 @@ def _report(which: str, s: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, v in s["finals"].items():
-        lines.append(
-            f"| {name} | {v['utility_final']:.4g} | {v['utility_avg_final']:.4g} | "
-            f"{v['loss_final']:.4g} | {v['accuracy_final']:.4f} | {v['bits_per_agent_total']:,} |"
-        )
+        cells = [
+            pm(v[key], v.get(f"{key}_std"), fmt)
+            for key, fmt in (
+                ("utility_final", ".4g"),
+                ("utility_avg_final", ".4g"),
+                ("loss_final", ".4g"),
+                ("accuracy_final", ".4f"),
+            )
+        ]
+        lines.append(f"| {name} | {' | '.join(cells)} | {v['bits_per_agent_total']:,} |")
     majority = s["facts"].get("majority_class_test_accuracy")
     if majority is not None:
         constant = [n for n, v in s["finals"].items() if abs(v["accuracy_final"] - majority) < 5e-4]
@@ -644,28 +803,69 @@ def _report(which: str, s: dict[str, Any]) -> str:
     lines += ["", "## Paper orderings (qualitative) beside ours", ""]
     for key, text in s["paper_orderings"].items():
         o = s["observed_vs_paper"][key]
+        by_seed = o.get("porter_accuracy_minus_soteria_per_seed")
         lines.append(
             f"- {key}: paper: {text}. Ours: accuracy PORTER-DP minus SoteriaFL = "
-            f"{o['porter_accuracy_minus_soteria']:+.4f}; utility ratio PORTER/SoteriaFL = "
-            f"{o['porter_utility_over_soteria']:.3g}."
+            f"{o['porter_accuracy_minus_soteria']:+.4f}"
+            + (
+                f" (seed by seed {', '.join(f'{d:+.4f}' for d in by_seed)}; PORTER-DP higher "
+                f"in {sum(d > 0 for d in by_seed)} of {len(by_seed)})"
+                if by_seed
+                else ""
+            )
+            + f"; utility ratio PORTER/SoteriaFL = {o['porter_utility_over_soteria']:.3g}."
         )
     for key, val in s["observed_vs_paper"].items():
         if isinstance(val, bool):
             lines.append(f"- expected: {key}: {'yes' if val else 'NO'}")
     lines += ["", "## Checks", ""]
     lines += [f"- {k}: {'PASS' if v else 'FAIL'}" for k, v in s["checks"].items()]
-    lines += ["", f"Figures: `{which}_dp.png`, `{which}_gc.png`. Run time {s['runtime_s']:.1f} s."]
+    per_seed = s.get("runtime_s_per_seed", {})
+    times = ", ".join(f"seed {k}: {v:.1f} s" for k, v in per_seed.items())
+    kept = s.get("cells_kept", 0)
+    lines += [
+        "",
+        f"Figures: `{which}_dp.png`, `{which}_gc.png`"
+        + (" (mean +- std over the seeds, shaded)" if spread else "")
+        + f". Run time {s['runtime_s']:.1f} s"
+        + (f" (training per seed, all six runs: {times})" if spread and times else "")
+        + (f"; {kept} runs kept from an earlier run (--resume)" if kept else "")
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def _a9a(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+def _a9a(
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None = None,
+    resume: bool = False,
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
     with one_thread():  # small per-round tensors: threads only add hand-offs
-        return _experiment("a9a", Path(out_dir), quick=quick, data_dir=data_dir)
+        return _experiment(
+            "a9a", Path(out_dir), quick=quick, data_dir=data_dir, resume=resume, overrides=overrides
+        )
 
 
-def _mnist(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
+def _mnist(
+    out_dir: Path,
+    *,
+    quick: bool,
+    data_dir: str | None = None,
+    resume: bool = False,
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
     with one_thread():  # small per-round tensors: threads only add hand-offs
-        return _experiment("mnist", Path(out_dir), quick=quick, data_dir=data_dir)
+        return _experiment(
+            "mnist",
+            Path(out_dir),
+            quick=quick,
+            data_dir=data_dir,
+            resume=resume,
+            overrides=overrides,
+        )
 
 
 REPRODUCTIONS = [
@@ -675,7 +875,7 @@ REPRODUCTIONS = [
         description="a9a logistic regression + nonconvex regulariser: PORTER-DP vs SoteriaFL-SGD "
         "at eps in {0.01, 0.1}; PORTER-GC vs BEER; utility against rounds and bits",
         run=_a9a,
-        full_runtime="16.5 s on one CPU core (T = 1000; measured 2026-11-24)",
+        full_runtime="16.5-20 s per seed on one CPU core, 3 seeds (T = 1000; measured 2026-11-24)",
     ),
     Reproduction(
         name="porter-mnist",
@@ -683,6 +883,6 @@ REPRODUCTIONS = [
         description="MNIST one-hidden-layer (64 sigmoid) network: PORTER-DP vs SoteriaFL-SGD at "
         "eps in {0.01, 0.1}; PORTER-GC vs BEER; utility against rounds and bits",
         run=_mnist,
-        full_runtime="129 s on one CPU core (T = 500, full data; measured 2026-11-24)",
+        full_runtime="129-133 s per seed on one CPU core, 3 seeds (T = 500, full data; measured 2026-11-24)",
     ),
 ]

@@ -37,7 +37,13 @@ from privdl.data import load_dataset
 from privdl.engine.grads import evaluate
 from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
-from privdl.experiments import Reproduction, apply_overrides, load_preset, write_outputs
+from privdl.experiments import (
+    Reproduction,
+    RunCells,
+    apply_overrides,
+    load_preset,
+    write_outputs,
+)
 from privdl.experiments.figures import (
     LABEL_SIZE,
     LEGEND_SIZE,
@@ -45,6 +51,7 @@ from privdl.experiments.figures import (
     legend_outside,
     wrap_title,
 )
+from privdl.experiments.seeds import mean_curve, mean_std, pm
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, ring
 from privdl.topology.timevarying import ExponentialGraph
@@ -304,12 +311,16 @@ def run_speedup(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Linear speedup: with 2n nodes, K/2 iterations reach about the loss of n nodes at K."""
+    """Linear speedup: with 2n nodes, K/2 iterations reach about the loss of n nodes at K.
+    Every (n, seed) run is a cell under ``out_dir/cells``; ``resume`` keeps the finished ones."""
     t0 = time.time()
     top, cfg = _cfg("privsgp-mnist-speedup", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out_dir, resume=resume)
+    key = _cell_key("privsgp-mnist-speedup", top, cfg, quick=quick, device=dev)
 
     results = {}
     for n in cfg["n"]:
@@ -318,10 +329,12 @@ def run_speedup(
         model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
         alg = PrivSGP(StepSize(gamma), sigmas=math.sqrt(top["sigma2"]))
         comm = LocalCommunicator(ExponentialGraph(n), dtype=torch.float32, device=dev)
-        runs = _over_seeds(alg, model, x, y, train, test, comm, steps=k, cfg=cfg)
+        runs = _over_seeds(
+            alg, model, x, y, train, test, comm, steps=k, cfg=cfg, cells=cells, key={**key, "n": n}
+        )
         # The checks use the loss averaged over seeds: one short run is dominated by its noise
         # draw (sigma = 0.1 on each of ~25k coordinates), not by n.
-        mean_curve = [
+        loss_curve = [
             {"k": point["k"], "loss": sum(r["curve"][i]["loss"] for r in runs) / len(runs)}
             for i, point in enumerate(runs[0]["curve"])
         ]
@@ -332,7 +345,10 @@ def run_speedup(
             "seeds": len(runs),
             "final_loss_per_seed": [r["final"]["loss"] for r in runs],
             "final_accuracy_mean": sum(r["final"]["accuracy"] for r in runs) / len(runs),
-            "mean_curve": mean_curve,
+            "mean_curve": loss_curve,
+            "final_loss_std": mean_std([r["final"]["loss"] for r in runs])[1],
+            "curve_per_seed": [r["curve"] for r in runs],
+            "train_s_per_seed": [r.get("train_s") for r in runs],
         }
     ns = [str(n) for n in cfg["n"]]
     series = [
@@ -340,6 +356,7 @@ def run_speedup(
             "label": f"n={n}, K={results[n]['K']}",
             "x": [p["k"] * int(n) for p in results[n]["mean_curve"]],
             "y": [p["loss"] for p in results[n]["mean_curve"]],
+            "std": _seed_std(results[n]["curve_per_seed"], "loss"),
         }
         for n in ns
     ]
@@ -348,7 +365,8 @@ def run_speedup(
         series,
         xlabel="iterations x n",
         ylabel="training loss",
-        title="Fig 6: linear speedup (sigma^2 = 0.01)",
+        title="Fig 6: linear speedup (sigma^2 = 0.01)"
+        + (f", mean +- std over {len(runs)} seeds" if len(runs) > 1 else ""),
     )
     finals = [results[n]["mean_curve"][-1]["loss"] for n in ns]
     init = results[ns[0]]["mean_curve"][0]["loss"]
@@ -371,7 +389,7 @@ def run_speedup(
             n,
             results[n]["K"],
             f"{results[n]['gamma']:.3f}",
-            f"{results[n]['mean_curve'][-1]['loss']:.4f}",
+            pm(results[n]["mean_curve"][-1]["loss"], results[n]["final_loss_std"]),
             " / ".join(f"{v:.3f}" for v in results[n]["final_loss_per_seed"]),
             f"{results[n]['final_accuracy_mean']:.4f}",
         ]
@@ -416,25 +434,66 @@ _BUDGET_HEADER = [
 
 
 def _budget_run(
-    k: int, sigma: float, eps: float, data: tuple, *, top: dict, cfg: dict, j_b: int
+    k: int,
+    sigma: float,
+    eps: float,
+    data: tuple,
+    *,
+    top: dict,
+    cfg: dict,
+    j_b: int,
+    cells: RunCells | None = None,
+    key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """PrivSGP-VR for ``K = k`` steps at noise ``sigma`` with Theorem 1's gamma = c sqrt(n/K),
     and two noise levels for the same K at (eps, delta): the paper-style approximation
     (sensitivity 3G, G = clip, Poisson rate 1/J_b, add/remove; docs/privsgp-vr.md, not certified:
     the SAGA mean touches every sample) and the certified one ``privdl run privsgp-vr`` calibrates
-    to (no amplification, replace-one sensitivity (4 - 2/J_b) G / B, privdl.privacy)."""
+    to (no amplification, replace-one sensitivity (4 - 2/J_b) G / B, privdl.privacy).
+
+    The run is repeated on seeds ``0 .. cfg["seeds"] - 1`` (x^0, samples and noise; one seed
+    when the preset has no ``seeds``), each kept as a cell of ``cells`` under ``key`` plus its
+    K, sigma and seed. With several seeds ``final`` and ``curve`` are the seeds' means, with
+    ``final_std``, ``curve_std`` and every seed's curve (``curve_per_seed``) beside them."""
     model, x, y, train, test, comm = data
     gamma = top["c_gamma"] * math.sqrt(x.shape[0] / k)
     alg = PrivSGP(StepSize(gamma), sigmas=sigma)
     points = int(cfg.get("curve_points", 1))  # evaluations along the run (no effect on it)
-    res = _run(alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=points)
+
+    def one(seed: int) -> dict[str, Any]:
+        return _run(
+            alg, model, x, y, train, test, comm, steps=k, cfg=cfg, eval_points=points, seed=seed
+        )
+
+    per_seed = [
+        one(seed)
+        if cells is None
+        else cells.run({**(key or {}), "K": k, "sigma": sigma, "seed": seed}, lambda s=seed: one(s))
+        for seed in range(int(cfg.get("seeds", 1)))
+    ]
+    out: dict[str, Any] = {"K": k, "sigma": sigma, "gamma": gamma, **_seed_means(per_seed)}
+    return {**out, **_budget_accounting(k, sigma, eps, top=top, cfg=cfg, j_b=j_b)}
+
+
+def _seed_means(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """``final`` and ``curve`` of :func:`_run` over seeds: one seed's as they are; for several,
+    their means with the std (ddof 1) and each seed's curve and run time."""
+    if len(per_seed) == 1:
+        return {"final": per_seed[0]["final"], "curve": per_seed[0]["curve"]}
+    metrics = ("loss", "accuracy")
+    curve, curve_std = mean_curve([r["curve"] for r in per_seed], metrics, x="k")
+    final, final_std = {}, {}
+    for m in metrics:
+        final[m], final_std[m] = mean_std([r["final"][m] for r in per_seed])
     return {
-        "K": k,
-        "sigma": sigma,
-        "gamma": gamma,
-        "final": res["final"],
-        "curve": res["curve"],
-        **_budget_accounting(k, sigma, eps, top=top, cfg=cfg, j_b=j_b),
+        "final": final,
+        "final_std": final_std,
+        "curve": curve,
+        "curve_std": curve_std,
+        "seeds": len(per_seed),
+        "final_per_seed": [r["final"] for r in per_seed],
+        "curve_per_seed": [r["curve"] for r in per_seed],
+        "train_s_per_seed": [r.get("train_s") for r in per_seed],
     }
 
 
@@ -502,6 +561,30 @@ def _budget_note(runs: list[dict[str, Any]], *, eps: str, delta: str) -> str:
     )
 
 
+def _std_or_none(runs: list[dict[str, Any]], metric: str) -> list[float] | None:
+    """The runs' std over seeds of their final ``metric`` (None where one seed ran)."""
+    stds = [r.get("final_std", {}).get(metric) for r in runs]
+    return None if None in stds else stds
+
+
+def _seeds_note(runs: list[dict[str, Any]], *, kept: int) -> str:
+    """How many seeds the table's losses and accuracies are over, what the seeds draw, the
+    training time per seed, and how many runs ``--resume`` kept."""
+    seeds = max(int(r.get("seeds", 1)) for r in runs)
+    if seeds == 1:
+        text = "One seed (seed 0: x^0, samples and noise)."
+    else:
+        times = [sum(t) for t in zip(*(r["train_s_per_seed"] for r in runs), strict=True)]
+        text = (
+            f"Final loss and test accuracy are mean +- std (sample std, ddof 1) over {seeds} "
+            f"seeds (0 .. {seeds - 1}: x^0, samples and noise; the data split is the same); "
+            "the figures draw the spread. Training time per seed, all runs: "
+            + ", ".join(f"{t:.0f} s" for t in times)
+            + "."
+        )
+    return text + (f" {kept} runs kept from an earlier run (--resume)." if kept else "")
+
+
 def _nominal_budget(epsilon: float, delta: float) -> dict[str, Any]:
     """The labelled budget the sweeps' runs are named by (nominal: eq. (11)'s sigma)."""
     notes = "per node; runs use eq. (11)'s sigma, which no accountant certifies for it"
@@ -516,15 +599,16 @@ def _budget_cells(run: dict[str, Any]) -> list[str]:
         f"{run['sigma_certified']:.1f}" if "sigma_certified" in run else "-",
         f"{run['accounted']['epsilon']:.4g}" if "accounted" in run else "-",
         f"{run['gamma']:.3f}",
-        f"{run['final']['loss']:.4f}",
-        f"{run['final']['accuracy']:.4f}",
+        pm(run["final"]["loss"], run.get("final_std", {}).get("loss")),
+        pm(run["final"]["accuracy"], run.get("final_std", {}).get("accuracy")),
     ]
 
 
 def ksweep_curves_plot(path: Path, results: dict[str, Any], *, k_star: float) -> bool:
     """Fig. 7 in the paper's form: training loss and test accuracy against the iteration, one
     curve per K (K* drawn thicker). Needs each run's ``curve`` with more than its start and end
-    point (preset key ``curve_points``); returns False and draws nothing otherwise."""
+    point (preset key ``curve_points``); returns False and draws nothing otherwise. A run over
+    several seeds is drawn as its mean with a band of mean +- std (``curve_std``)."""
     runs = [r for r in results.values() if len(r.get("curve", [])) > 2]
     if not runs:
         return False
@@ -541,16 +625,23 @@ def ksweep_curves_plot(path: Path, results: dict[str, Any], *, k_star: float) ->
             "linewidth": 2.2 if star else 1.2,
             "label": f"K = {r['K']}" + (" (K*)" if star else ""),
         }
-        axes[0].plot(ks, [p["loss"] for p in r["curve"]], **style)
-        axes[1].plot(ks, [p["accuracy"] for p in r["curve"]], **style)
+        for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+            y = np.asarray([p[metric] for p in r["curve"]], dtype=float)
+            (line,) = ax.plot(ks, y, **style)
+            if r.get("curve_std"):
+                sd = np.asarray([p[metric] for p in r["curve_std"]], dtype=float)
+                ax.fill_between(ks, y - sd, y + sd, color=line.get_color(), alpha=0.18, lw=0)
     axes[0].set_ylabel("training loss", fontsize=LABEL_SIZE)
     axes[1].set_ylabel("test accuracy", fontsize=LABEL_SIZE)
     for ax in axes:
         ax.set_xlabel("iteration k", fontsize=LABEL_SIZE)
         ax.grid(alpha=0.3)
     legend_outside(axes[1])
+    seeds = max(int(r.get("seeds", 1)) for r in runs)
     fig.suptitle(
-        f"Fig 7: PrivSGP-VR at a fixed budget, K around K* = {k_star:g}", fontsize=TITLE_SIZE
+        f"Fig 7: PrivSGP-VR at a fixed budget, K around K* = {k_star:g}"
+        + (f" (mean +- std over {seeds} seeds)" if seeds > 1 else ""),
+        fontsize=TITLE_SIZE,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=150, bbox_inches="tight")
@@ -567,12 +658,16 @@ def run_ksweep(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Accuracy vs K at a fixed budget: sigma(K) grows like sqrt(K) (eq. 11), gamma = sqrt(n/K)."""
+    """Accuracy vs K at a fixed budget: sigma(K) grows like sqrt(K) (eq. 11), gamma = sqrt(n/K).
+    Every (K, seed) run is a cell under ``out_dir/cells``; ``resume`` keeps the finished ones."""
     t0 = time.time()
     top, cfg = _cfg("privsgp-mnist-ksweep", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out_dir, resume=resume)
+    key = _cell_key("privsgp-mnist-ksweep", top, cfg, quick=quick, device=dev)
 
     n, k_star = cfg["n"], cfg["k_star"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
@@ -583,12 +678,23 @@ def run_ksweep(
     for r in top["k_ratios"]:
         k = max(2, round(r * k_star))
         sigma = math.sqrt(cfg["sigma2_at_kstar"] * k / k_star)
-        results[str(k)] = _budget_run(k, sigma, top["epsilon"], data, top=top, cfg=cfg, j_b=j_b)
-    return _ksweep_outputs(out_dir, results, top, cfg, quick=quick, t0=t0)
+        results[str(k)] = _budget_run(
+            k, sigma, top["epsilon"], data, top=top, cfg=cfg, j_b=j_b, cells=cells, key=key
+        )
+    return _ksweep_outputs(out_dir, results, top, cfg, quick=quick, t0=t0, kept=cells.kept)
+
+
+def _cell_key(
+    name: str, top: dict, cfg: dict, *, quick: bool, device: torch.device
+) -> dict[str, Any]:
+    """What a sweep's run depends on besides its K, sigma and seed: the preset's values (its
+    seed count aside, so more seeds reuse the finished ones) and the device."""
+    mode = {k: v for k, v in cfg.items() if k != "seeds"}
+    return {"reproduction": name, "quick": quick, "top": top, "mode": mode, "device": device.type}
 
 
 def _ksweep_outputs(
-    out_dir: Path, results: dict, top: dict, cfg: dict, *, quick: bool, t0: float
+    out_dir: Path, results: dict, top: dict, cfg: dict, *, quick: bool, t0: float, kept: int = 0
 ) -> dict[str, Any]:
     """report.md, summary.json and the plot of the K sweep (Fig. 7)."""
     n, k_star = cfg["n"], cfg["k_star"]
@@ -598,7 +704,14 @@ def _ksweep_outputs(
     i_star = ks.index(str(round(k_star)))
     _plot(
         out_dir / "ksweep_accuracy.png",
-        [{"label": "PrivSGP-VR", "x": [int(k) for k in ks], "y": accs}],
+        [
+            {
+                "label": "PrivSGP-VR",
+                "x": [int(k) for k in ks],
+                "y": accs,
+                "std": _std_or_none([results[k] for k in ks], "accuracy"),
+            }
+        ],
         xlabel="K",
         ylabel="test accuracy",
         title=f"Fig 7: accuracy vs K (K* = {k_star})",
@@ -631,6 +744,8 @@ def _ksweep_outputs(
         "",
         _table(["K", *_BUDGET_HEADER], rows),
         "",
+        _seeds_note(list(results.values()), kept=kept),
+        "",
         f"Ours: n = {n}, budget ({top['epsilon']:g}, {top['delta']:g}) per node. "
         + _budget_note(
             list(results.values()), eps=f"{top['epsilon']:g}", delta=f"{top['delta']:g}"
@@ -660,15 +775,19 @@ def run_eps(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Accuracy against the budget (Fig. 8): at each eps, K*(eps) = K*(1) eps^2 (eq. 12) and
-    K*/2, 2 K*, each with sigma(K, eps)^2 = sigma*^2 (K / K*(1)) / eps^2 (eq. 11)."""
+    K*/2, 2 K*, each with sigma(K, eps)^2 = sigma*^2 (K / K*(1)) / eps^2 (eq. 11). Every
+    (eps, K, seed) run is a cell under ``out_dir/cells``; ``resume`` keeps the finished ones."""
     t0 = time.time()
     top, cfg = _cfg("privsgp-mnist-eps", quick, overrides)
     dev = _check_device(device)
     if not cfg["epsilons"] or any(not e > 0 for e in cfg["epsilons"]):
         raise ConfigError(f"epsilons must be positive numbers, got {cfg['epsilons']}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out_dir, resume=resume)
+    key = _cell_key("privsgp-mnist-eps", top, cfg, quick=quick, device=dev)
 
     n, k1 = cfg["n"], cfg["k_star_at_eps1"]
     model, x, y, train, test = _setup(cfg, n, data_dir=data_dir, device=dev)
@@ -680,11 +799,14 @@ def run_eps(
     for eps in sorted(float(e) for e in cfg["epsilons"]):
         k_star, grid = eps_grid(eps, k1, top["k_ratios"], cfg["sigma2_at_kstar"])
         runs = {
-            f"{r:g}": _budget_run(k, sigma, eps, data, top=top, cfg=cfg, j_b=j_b)
+            f"{r:g}": _budget_run(
+                k, sigma, eps, data, top=top, cfg=cfg, j_b=j_b, cells=cells, key={**key, "eps": eps}
+            )
             for r, (k, sigma) in zip(top["k_ratios"], grid, strict=True)
         }
         results[f"{eps:g}"] = {"k_star": k_star, "runs": runs}
-        out = _eps_outputs(out_dir, results, top, cfg, quick=quick, t0=t0)  # after every eps
+        # after every eps
+        out = _eps_outputs(out_dir, results, top, cfg, quick=quick, t0=t0, kept=cells.kept)
     return out
 
 
@@ -703,7 +825,7 @@ def eps_grid(
 
 
 def _eps_outputs(
-    out_dir: Path, results: dict, top: dict, cfg: dict, *, quick: bool, t0: float
+    out_dir: Path, results: dict, top: dict, cfg: dict, *, quick: bool, t0: float, kept: int = 0
 ) -> dict[str, Any]:
     """report.md, summary.json and the plot of the eps values finished so far."""
     eps = list(results)
@@ -721,6 +843,7 @@ def _eps_outputs(
                 "label": {"0.5": "K*/2", "1": "K*", "2": "2 K*"}.get(r, f"{r} K*"),
                 "x": [float(e) for e in eps],
                 "y": [acc(e, r) for e in eps],
+                "std": _std_or_none([results[e]["runs"][r] for e in eps], "accuracy"),
             }
             for r in ratios
         ],
@@ -756,6 +879,8 @@ def _eps_outputs(
         "",
         _table(["eps", "K", *_BUDGET_HEADER], rows),
         "",
+        _seeds_note([run for e in eps for run in results[e]["runs"].values()], kept=kept),
+        "",
         f"K* has the best accuracy of its three K at {len(wins)} of {len(eps)} eps values "
         "(our reading of the figure; the paper does not state it, so it is not a "
         "check).",
@@ -785,10 +910,25 @@ def _eps_outputs(
 
 # --------------------------------------------------------------------------- Figs 9-10
 @_single_threaded
-def _over_seeds(alg, model, x, y, train, test, comm, *, steps: int, cfg: dict) -> list[dict]:
-    """One :func:`_run` per seed ``0 .. cfg["seeds"] - 1`` (model ``x^0``, samples and noise)."""
-    return [
-        _run(
+def _over_seeds(
+    alg,
+    model,
+    x,
+    y,
+    train,
+    test,
+    comm,
+    *,
+    steps: int,
+    cfg: dict,
+    cells: RunCells | None = None,
+    key: dict[str, Any] | None = None,
+) -> list[dict]:
+    """One :func:`_run` per seed ``0 .. cfg["seeds"] - 1`` (model ``x^0``, samples and noise),
+    each kept as a cell of ``cells`` under ``key`` plus its seed (``--resume``)."""
+
+    def one(seed: int) -> dict[str, Any]:
+        return _run(
             alg,
             model,
             x,
@@ -801,6 +941,11 @@ def _over_seeds(alg, model, x, y, train, test, comm, *, steps: int, cfg: dict) -
             eval_points=cfg["eval_points"],
             seed=seed,
         )  # fmt: skip
+
+    return [
+        one(seed)
+        if cells is None
+        else cells.run({**(key or {}), "seed": seed}, lambda s=seed: one(s))
         for seed in range(int(cfg.get("seeds", 1)))
     ]
 
@@ -812,12 +957,17 @@ def run_vr(
     data_dir: str | None = None,
     device: str = "cpu",
     overrides: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """VR vs no VR (exponential graph), and vs DP2-SGD / A(DP)2SGD (ring), at equal sigma."""
+    """VR vs no VR (exponential graph), and vs DP2-SGD / A(DP)2SGD (ring), at equal sigma.
+    Every (method, seed) run is a cell under ``out_dir/cells``; ``resume`` keeps the finished
+    ones."""
     t0 = time.time()
     top, cfg = _cfg("privsgp-mnist-vr", quick, overrides)
     dev = _check_device(device)
     out_dir.mkdir(parents=True, exist_ok=True)
+    cells = RunCells(out_dir, resume=resume)
+    key = _cell_key("privsgp-mnist-vr", top, cfg, quick=quick, device=dev)
 
     n, k = cfg["n"], cfg["steps"]
     sigma = math.sqrt(top["sigma2"])
@@ -836,7 +986,19 @@ def run_vr(
     n_seeds = int(cfg.get("seeds", 1))
     results = {}
     for name, (alg, comm) in runs.items():
-        per_seed = _over_seeds(alg, model, x, y, train, test, comm, steps=k, cfg=cfg)
+        per_seed = _over_seeds(
+            alg,
+            model,
+            x,
+            y,
+            train,
+            test,
+            comm,
+            steps=k,
+            cfg=cfg,
+            cells=cells,
+            key={**key, "method": name},
+        )
         # curves and "final" are the seeds' means; per-seed finals are kept beside them
         results[name] = {
             **per_seed[0],
@@ -855,6 +1017,10 @@ def run_vr(
             },
             "seeds": n_seeds,
             "final_loss_per_seed": [r["final"]["loss"] for r in per_seed],
+            "final_std": {
+                m: mean_std([r["final"][m] for r in per_seed])[1] for m in ("loss", "accuracy")
+            },
+            "train_s_per_seed": [r.get("train_s") for r in per_seed],
             # every seed's curve, so the figure's band (and any later one) comes from the data
             "curve_per_seed": [r["curve"] for r in per_seed],
         }
@@ -894,7 +1060,12 @@ def run_vr(
         < min(mean_loss("DP2-SGD (ring)"), mean_loss("A(DP)2SGD (ring)")),
     }
     rows = [
-        [nm, f"{r['final']['loss']:.4f}", f"{mean_loss(nm):.4f}", f"{r['final']['accuracy']:.4f}"]
+        [
+            nm,
+            pm(r["final"]["loss"], r["final_std"]["loss"]),
+            f"{mean_loss(nm):.4f}",
+            pm(r["final"]["accuracy"], r["final_std"]["accuracy"]),
+        ]
         for nm, r in results.items()
     ]
     diffs = [
@@ -918,7 +1089,7 @@ def run_vr(
         "noise).",
         f"n = {n}, K = {k}, gamma = sqrt(n/K) = {gamma:.3f}, block size {cfg['block_size']}, "
         f"per-sample clip {cfg['clip']}; {n_seeds} seed(s), losses and accuracies are means "
-        "over seeds.",
+        "over seeds (+- the sample std, ddof 1, where there are several; the figures' bands).",
         "",
         _table(["method", "final loss", "mean loss over curve", "test accuracy"], rows),
         "",
@@ -1236,21 +1407,21 @@ REPRODUCTIONS = [
         paper=PAPER,
         description="Fig. 6: linear speedup of PrivSGP-VR on MNIST, n in {25, 50, 100}",
         run=run_speedup,
-        full_runtime="141 s on one CPU core (measured 2026-11-24)",
+        full_runtime="141 s per seed on one CPU core, 3 seeds (measured 2026-11-24)",
     ),
     Reproduction(
         name="privsgp-mnist-ksweep",
         paper=PAPER,
         description="Fig. 7: accuracy vs K around K* ~ 575 at (1, 1e-5), n = 50",
         run=run_ksweep,
-        full_runtime="130 s on one CPU core (measured 2026-11-24)",
+        full_runtime="130 s per seed on one CPU core, 3 seeds (measured 2026-11-24)",
     ),
     Reproduction(
         name="privsgp-mnist-eps",
         paper=PAPER,
         description="Fig. 8: accuracy vs eps in {0.4, ..., 1.6} at K*(eps), K*/2 and 2 K*, n = 50",
         run=run_eps,
-        full_runtime="9 min 40 s on one CPU core (measured 2026-11-24)",
+        full_runtime="9 min 40 s per seed on one CPU core, 3 seeds (measured 2026-11-24)",
     ),
     Reproduction(
         name="privsgp-mnist-vr",
