@@ -215,18 +215,17 @@ def test_nothing_rank_0_holds_or_received_carries_rank_1s_keys(launched):
     }
 
 
+def _secure_cfg() -> dict:
+    """The secure-mode DECOR run both sides of the comparison make (keys from the seed, so the
+    launched and the one-process runs draw the same noise)."""
+    return {**RUN, "steps": 3, "eval_every": 3, "noise_mode": "secure",
+            "clip_mode": "batch_mean", "key_source": "seed"}  # fmt: skip
+
+
 def _secure_rank(rank: int, out: str) -> None:
     from privdl.distributed_runner import run_worker
 
-    cfg = {
-        **RUN,
-        "steps": 3,
-        "eval_every": 3,
-        "noise_mode": "secure",
-        "clip_mode": "batch_mean",
-        "key_source": "seed",
-    }  # reproducible: the two runs compared
-    run_worker(cfg, out, timeout_s=30, progress=False)
+    run_worker(_secure_cfg(), out, timeout_s=30, progress=False)
 
 
 @pytest.mark.slow  # 2 launches' worth of time on a loaded box; the mechanism's rows: test_discrete_gaussian
@@ -237,15 +236,7 @@ def test_launched_secure_decor_equals_the_one_process_run(tmp_path):
     from privdl.loop import train
 
     assert run_ranks(2, _secure_rank, (str(tmp_path / "launched"),)) == [0, 0]
-    cfg = {
-        **RUN,
-        "steps": 3,
-        "eval_every": 3,
-        "noise_mode": "secure",
-        "clip_mode": "batch_mean",
-        "key_source": "seed",
-    }  # reproducible: the two runs compared
-    train(cfg, tmp_path / "single", progress=False)
+    train(_secure_cfg(), tmp_path / "single", progress=False)
     a = merged_shards(tmp_path / "launched")["params"]["x"]
     b = torch.load(tmp_path / "single" / "checkpoint.pt", weights_only=True)["params"]["x"]
     assert torch.equal(a, b)
