@@ -9,6 +9,7 @@ import math
 import numpy as np
 import planted_bugs as bugs
 import pytest
+import torch
 from scipy import stats
 
 from privdl.audit import audit
@@ -67,14 +68,48 @@ def test_privsgp_stays_under_its_accounted_epsilon():
     """PrivSGP without the table (Algorithm 2): the canary sample moves node 0's message only
     at the steps that draw it (probability 1/J, secret); node 0's messages seen. Under the
     accounted epsilon (subsampled RDP, 2C per drawn step), with power at a weak setting."""
-    got = audit("privsgp", graph="ring:8", ls_dim=2, sigma=2.0, delta=1e-5, steps=10,
-                trials=20_000)  # fmt: skip
+    got = audit("privsgp", graph="ring:4", ls_dim=2, sigma=2.0, delta=1e-5, steps=10,
+                trials=10_000)  # fmt: skip
     acc = got.accounted
     assert (acc["unit"], acc["neighbouring"], acc["threat_model"]) == ("example", "replace_one",
                                                                        "ldp")  # fmt: skip
     assert "J=2" in acc["notes"]
     assert got.within_accounted, (got.epsilon_lower, got.epsilon_accounted)
-    assert 0.2 * got.epsilon_accounted < got.epsilon_lower and math.isnan(got.epsilon_lower_gdp)
+    # each trial draws its own entry (below), so the amplified mechanism is what is audited
+    assert 0.1 * got.epsilon_accounted < got.epsilon_lower and math.isnan(got.epsilon_lower_gdp)
+
+
+@pytest.mark.parametrize("own_draws", [True, False])
+def test_privsgp_trials_draw_their_own_entry(own_draws):
+    """PrivSGP's audit: each trial's node 0 draws its own entry xi by the algorithm's sampler
+    (the 1/J amplification the accountant counts needs a draw per trial); the canary shows at a
+    step in the trials whose draw is the canary's, about 1/J of them. Oracle: the algorithm's
+    sampler called on its own. Sharing one network (``own_draws=False``, PrivSGP-VR's audit)
+    shares the draw: all trials alike."""
+    from privdl.algorithms.base import Keys
+    from privdl.algorithms.privsgp import _sample_index
+    from privdl.audit.api import audit_config
+    from privdl.audit.gossip import public_signs
+    from privdl.audit.privsgp import CANARY_ENTRY, privsgp_views
+    from privdl.loop import build_run
+    from privdl.recipes.privsgp import privsgp_geometry
+
+    run = build_run(audit_config("privsgp", {"graph": "ring:4", "ls_dim": 2, "sigma": 1e-9,
+                                             "delta": 1e-5, "steps": 2}, None))  # fmt: skip
+    trials, seed, n = 4000, 11, 4
+    j = int(privsgp_geometry(run.cfg, run.task)[0])
+    views = privsgp_views(run, world=np.ones(trials), signs=public_signs(2, 0), seed=seed,
+                          own_draws=own_draws)  # fmt: skip
+    shown = np.abs(views[:, 0]) > 1e-4  # step 0: gamma C where drawn, noise 1e-9 elsewhere
+    copies = trials if own_draws else 1
+    xi = _sample_index(Keys.from_seed(seed).sampling_seed, 0, n * copies, j, torch.device("cpu"))
+    expected = (xi[::n] == CANARY_ENTRY).numpy()
+    assert np.array_equal(shown, np.broadcast_to(expected, shown.shape))
+    if own_draws:
+        sd = math.sqrt(trials * (1 / j) * (1 - 1 / j))
+        assert abs(shown.sum() - trials / j) < 5 * sd
+    else:
+        assert shown.all() or not shown.any()
 
 
 def test_eavesdropper_test_reaches_the_accountants_mu():

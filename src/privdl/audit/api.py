@@ -254,7 +254,8 @@ def audit(
             baseline's own (``ldp``, ``central``) as a check.
         confidence: probability with which the lower bounds hold.
         seed: seeds the keys of every batch, the canary pattern and the split (reproducible).
-        batch: trials per run of the mechanism (memory; default 50 000 for gradient canaries,
+        batch: trials per run of the mechanism (memory; default 50 000 for gradient canaries, 20 000
+            for PrivSGP, whose run holds one copy of the network per trial,
             4 000 for canary examples, whose dataset grows with the square of it).
         sampling_rate: example level (dpsgd with ``sampling="poisson"``): each canary's rate.
         one_run: audit one run on ``canaries`` canaries (module docstring); ``trials`` and
@@ -326,11 +327,14 @@ def audit(
         threat, rate, mixture = "server", None, True
         accounted = client_budget(run)
     elif algorithm in PRIVSGP:
-        run, x, present = _privsgp_trials(
-            audit_config(algorithm, options, threat_model), trials=trials, batch=batch or 50_000,
-            seed=seed, rng=rng,
-        )  # fmt: skip
         vr = algorithm == "privsgp-vr"
+        if not vr:  # one network copy per trial: ChaCha20 streams cost a third of the CPU
+            # default's per node key (same distribution; a run's own noise_backend wins)
+            options = {"noise_backend": "chacha20", **options}
+        run, x, present = _privsgp_trials(
+            audit_config(algorithm, options, threat_model), trials=trials,
+            batch=batch or (50_000 if vr else 20_000), seed=seed, rng=rng, own_draws=not vr,
+        )  # fmt: skip
         canary = {
             "kind": "sample (white box: entry 0 of node 0's table)"
             if vr
@@ -443,7 +447,7 @@ def _entries(run: Any) -> int:
 
 
 def _privsgp_trials(
-    cfg: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
+    cfg: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator, own_draws: bool
 ) -> tuple[Any, np.ndarray, np.ndarray]:
     """Views of PrivSGP(-VR) canary-sample trials (:mod:`privdl.audit.privsgp`)."""
     from privdl.loop import build_run  # the loop imports the registry, which imports recipes
@@ -453,7 +457,7 @@ def _privsgp_trials(
         raise ConfigError(f"{cfg.algorithm} with these options adds no noise: nothing to audit")
 
     def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
-        return privsgp_views(run, world=world, signs=signs, seed=key)
+        return privsgp_views(run, world=world, signs=signs, seed=key, own_draws=own_draws)
 
     x, present = _signed_trials(run, views_of, trials=trials, batch=batch, seed=seed, rng=rng)
     return run, x, present

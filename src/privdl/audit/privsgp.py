@@ -7,8 +7,11 @@ on every sample); its own ``init`` (the table's full pass) and ``step`` (lines 1
 node 0 is the canary sample, whose gradient is ``w s_t C`` at step ``t`` (``s_t = +-1`` a public
 pattern, ``w = -1`` or ``+1`` the two neighbouring datasets, replace-one of one sample), every
 other entry is zero. A sign that changes over time is what lets ``h - T[xi]`` reach ``2C`` per
-world (the ``4C`` of the sensitivity); the sampled ``xi`` stay secret. Each trial is one
-coordinate, so a batch of trials is one run. The adversary sees node 0's messages (its push-sum
+world (the ``4C`` of the sensitivity); the sampled ``xi`` stay secret. A batch of trials is one
+run. PrivSGP (Algorithm 2, accounted with the amplification of the secret 1/J draw): each trial
+is its own copy of the network, so the algorithm's sampler draws each trial's ``xi``.
+PrivSGP-VR (accounted for every sequence of draws): each trial is one coordinate of one network,
+sharing the draws (docs/auditing.md). The adversary sees node 0's messages (its push-sum
 half-steps), every step.
 """
 
@@ -33,15 +36,27 @@ CANARY_ENTRY = 0
 
 
 class CanarySamples:
-    """A PrivSGP sample oracle (:class:`privdl.algorithms.privsgp.SampleOracle`) whose only
-    non-zero entry is node 0's canary, ``world * s_t * C`` per trial at step ``t``."""
+    """A PrivSGP sample oracle (:class:`privdl.algorithms.privsgp.SampleOracle`) over ``copies``
+    disjoint copies of the ``n``-node network (node ``b n + i`` is node ``i`` of copy ``b``), each
+    with ``world.numel() / copies`` coordinates (trials). Its only non-zero entries are node 0's
+    canaries, ``world * s_t * C`` at step ``t``, present in a step only where that copy's node 0
+    drew the canary's entry ``xi``."""
 
     def __init__(
-        self, n_nodes: int, n_entries: int, clip: float, signs: np.ndarray, world: Tensor
+        self,
+        n_nodes: int,
+        n_entries: int,
+        clip: float,
+        signs: np.ndarray,
+        world: Tensor,
+        *,
+        copies: int = 1,
     ) -> None:
-        self.n_nodes, self.n_entries = n_nodes, n_entries
-        self.entry_size = self.dim = int(world.numel())
-        self.clip, self.signs, self.world = clip, signs, world
+        self.copies, self.nodes_per_copy = copies, n_nodes
+        self.n_nodes, self.n_entries = n_nodes * copies, n_entries
+        self.world = world.reshape(copies, -1)
+        self.entry_size = self.dim = int(self.world.shape[1])
+        self.clip, self.signs = clip, signs
         self.step = 0  # entries() is called once per step, in order
 
     def _canary(self, t: int, dtype: torch.dtype) -> Tensor:
@@ -50,8 +65,10 @@ class CanarySamples:
     def entries(self, params: Tree, index: Tensor) -> tuple[Tensor, Tensor]:
         x = next(iter(params.values()))
         out = torch.zeros((self.n_nodes, self.dim), dtype=x.dtype)
-        if int(index[0]) == CANARY_ENTRY:
-            out[0] = self._canary(self.step, x.dtype)
+        drawn = index[:: self.nodes_per_copy] == CANARY_ENTRY  # each copy's own node-0 draw
+        out[:: self.nodes_per_copy] = torch.where(
+            drawn[:, None], self._canary(self.step, x.dtype), torch.zeros((), dtype=x.dtype)
+        )
         self.step += 1
         return out, torch.zeros(self.n_nodes, dtype=x.dtype)
 
@@ -61,30 +78,66 @@ class CanarySamples:
     def all_entries(self, params: Tree) -> Tensor:
         x = next(iter(params.values()))
         table = torch.zeros((self.n_nodes, self.n_entries, self.dim), dtype=x.dtype)
-        table[0, CANARY_ENTRY] = self._canary(0, x.dtype)
+        table[:: self.nodes_per_copy, CANARY_ENTRY] = self._canary(0, x.dtype)
         return table
 
     def table_mean(self, table: Tensor) -> Tensor:
         return table.mean(1)
 
 
-def privsgp_views(run: Any, *, world: np.ndarray, signs: np.ndarray, seed: int) -> np.ndarray:
-    """``(len(world), steps)``: node 0's messages, each trial's coordinate, every step."""
+class _Copies:
+    """``copies`` disjoint copies of the run's network as one network of ``copies * n`` nodes
+    (node ``b n + i`` is node ``i`` of copy ``b``): the algorithm draws its entries ``xi`` and its
+    noise per node, so per copy. Push-sum runs on the run's own communicator with the copies as
+    coordinates: the push-sum weights are data-free and the same in every copy."""
+
+    def __init__(self, inner: Any, copies: int) -> None:
+        self._inner, self.copies = inner, copies
+        self.n_nodes = int(inner.n_nodes) * copies
+        self.owned_list = list(range(self.n_nodes))
+
+    def push_sum(self, tree: Tree, weight: Tensor, t: int) -> tuple[Tree, Tensor]:
+        ((key, value),) = tree.items()
+        n, b, d = int(self._inner.n_nodes), self.copies, int(value.shape[1])
+        w = weight.reshape(b, n)
+        if not bool((w == w[:1]).all()):
+            raise AssertionError("push-sum weights differ between the audit's copies")
+        mixed = value.reshape(b, n, d).transpose(0, 1).reshape(n, b * d)
+        out, w_new = self._inner.push_sum({key: mixed}, w[0], t)
+        back = out[key].reshape(n, b, d).transpose(0, 1).reshape(b * n, d)
+        return {key: back}, w_new.repeat(b)
+
+
+def privsgp_views(
+    run: Any, *, world: np.ndarray, signs: np.ndarray, seed: int, own_draws: bool = True
+) -> np.ndarray:
+    """``(len(world), steps)``: node 0's messages in each trial, every step.
+
+    ``own_draws`` (PrivSGP): every trial is its own copy of the network in one run
+    (:class:`_Copies`), so it draws its own entries ``xi`` by the algorithm's own sampler, as
+    the accountant's amplification by the 1/J draw assumes (one draw shared by a batch of trials
+    would condition the amplification away and make the trials dependent). Otherwise
+    (PrivSGP-VR, accounted without amplification, for every sequence of draws) the trials are
+    coordinates of one network: they share the draws and are independent given them.
+    """
     from privdl.recipes.privsgp import privsgp_geometry
 
     n, steps, size = int(run.comm.n_nodes), int(run.cfg.steps), len(world)
     if size * steps > MAX_CELLS:
         raise ConfigError(f"{size} trials x {steps} steps is too large for one audit")
     entries, _ = privsgp_geometry(run.cfg, run.task)
-    oracle = CanarySamples(n, int(entries), float(run.cfg.clip), signs, torch.as_tensor(world))
-    comm = _Recording(run.comm)
-    params = {"x": torch.zeros((n, size), dtype=torch.float64 if run.cfg.dtype == "float64"
-                               else torch.float32)}  # fmt: skip
+    copies = size if own_draws else 1
+    oracle = CanarySamples(n, int(entries), float(run.cfg.clip), signs, torch.as_tensor(world),
+                           copies=copies)  # fmt: skip
+    rec = _Recording(run.comm)
+    comm = _Copies(rec, copies)
+    dtype = torch.float64 if run.cfg.dtype == "float64" else torch.float32
+    params = {"x": torch.zeros((n * copies, size // copies), dtype=dtype)}
     keys = Keys.from_seed(seed)
     state = run.algorithm.init(params, oracle, cast(Communicator, comm), keys=keys)
     parts = []
     for _ in range(steps):
         state, _ = run.algorithm.step(state, oracle, cast(Communicator, comm))
-        sent, _ = comm.take()
-        parts.append(sent[-1][0])
+        sent, _ = rec.take()
+        parts.append(sent[-1][0])  # node 0's message, copy after copy (or trial after trial)
     return torch.stack(parts).T.to(torch.float64).numpy()
