@@ -12,12 +12,11 @@ steps in a row, three blocks each in turn):
 * ``noise``: the noise generation of one DECOR step alone (correlated + independent), one
   iteration per call;
 * ``noise_wait``: how long a DECOR step waits for its noise after its gradients (the getter of
-  :func:`privdl.algorithms.base.drawn_ahead`), median per step; on a CPU the draw of step t + 1
-  starts in a worker thread when step t takes its own, so it runs through step t's tail and
-  step t + 1's gradients;
-* on a CPU also ``decor_fresh``: the DECOR step with its draw started at the step's start (the
-  ahead cache cleared first: drawn while the gradients run only, as before drawing ahead), and
-  its ``noise_wait_fresh``;
+  :func:`privdl.algorithms.base.drawn_ahead`), median per step, with ``Decor(draw_ahead=False)``:
+  the draw starts in a worker thread at the step's start and runs while the gradients do;
+* on a CPU also ``decor_ahead``: the default ``draw_ahead=True``, the draw of step t + 1 started
+  when step t takes its own (through step t's tail and step t + 1's gradients), and its
+  ``noise_wait_ahead``;
 * on CUDA also ``decor_unprefetched``: the DECOR step with one noise launch pair per iteration
   (``PRIVDL_NOISE_BLOCK_BYTES=1``), as before the noise was drawn in blocks of iterations;
 * ``loop``: a faithful per-node Python loop: one ``nn.Module`` + ``torch.optim.SGD`` per node,
@@ -186,11 +185,11 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     waits: dict[str, list[float]] = {"d": [], "f": []}
     which = ["d"]
 
-    def timed_ahead(owner, t, draw, *, device):  # the step's wait for its noise
-        if which[0] == "f":  # as before drawing ahead: started at the step's start
-            getter = in_background(lambda: draw(t), device=device)
-        else:
+    def timed_ahead(owner, t, draw, *, device, ahead=True):  # the step's wait for its noise
+        if which[0] == "f":  # Decor(draw_ahead=True), the default
             getter = drawn_ahead(owner, t, draw, device=device)
+        else:  # draw_ahead=False: started at the step's start
+            getter = in_background(lambda: draw(t), device=device)
 
         def get():
             t0 = time.perf_counter()
@@ -206,7 +205,7 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         which[0] = "d"
         box["d"], _ = decor.step(box["d"], oracle, comm)
 
-    def decor_fresh_step() -> None:  # drawn from the step's start, while the gradients run
+    def decor_ahead_step() -> None:  # Decor(draw_ahead=True)
         which[0] = "f"
         box["f"], _ = decor.step(box["f"], oracle, comm)
 
@@ -234,7 +233,7 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     # alike; the ratio is the median of the three per-round ratios
     rounds, fresh = [], []
     if DEVICE.type == "cpu":  # blocks of steps: a draw ahead must not overlap the other steps
-        fns = [decor_step, plain_step, decor_fresh_step]
+        fns = [decor_step, plain_step, decor_ahead_step]
         block_seconds(fns, count=warmup, after=_finish)
         for _ in range(3):
             t_d, t_p, t_f = block_seconds(fns, count=iters, after=_finish)
@@ -252,12 +251,12 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         out |= _pipelined("", decor_step, plain_step)
     if fresh:
         out |= {
-            "decor_fresh_ms": statistics.median(fresh),
-            "noise_wait_fresh_ms": 1e3 * statistics.median(waits["f"]),
-            "decor_fresh_over_nonprivate_per_round": [
+            "decor_ahead_ms": statistics.median(fresh),
+            "noise_wait_ahead_ms": 1e3 * statistics.median(waits["f"]),
+            "decor_ahead_over_nonprivate_per_round": [
                 round(f / r[1], 3) for f, r in zip(fresh, rounds, strict=True)
             ],
-            "decor_fresh_over_nonprivate": statistics.median(
+            "decor_ahead_over_nonprivate": statistics.median(
                 f / r[1] for f, r in zip(fresh, rounds, strict=True)
             ),
         }

@@ -243,6 +243,14 @@ def test_noise_drawn_ahead_serves_only_its_own_run_and_step():
     assert torch.equal(resumed.params["x"], a.params["x"])
     assert torch.equal(b.params["x"], alone(start(2), 3).params["x"])
     assert not torch.equal(a.params["x"], alone(start(2), 4).params["x"])
+    assert base_mod._AHEAD  # the default drew ahead; draw_ahead=False does not
+    base_mod._AHEAD.clear()
+    inline = Decor(StepSize(0.05), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.2, sigma_cor=0.7,
+                   draw_ahead=False)  # fmt: skip
+    state = inline.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(1))
+    state, _ = inline.step(state, task.oracle, comm)
+    assert not base_mod._AHEAD
+    assert torch.equal(state.params["x"], alone(start(1), 1).params["x"])
 
 
 def test_in_background_returns_the_value_and_reraises():

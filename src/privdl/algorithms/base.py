@@ -172,7 +172,12 @@ _AHEAD_OWNERS = 4  # a few runs side by side in one process (e.g. a benchmark's 
 
 
 def drawn_ahead(
-    owner: tuple[Any, ...], t: int, draw: Callable[[int], T], *, device: torch.device
+    owner: tuple[Any, ...],
+    t: int,
+    draw: Callable[[int], T],
+    *,
+    device: torch.device,
+    ahead: bool = True,
 ) -> Callable[[], T]:
     """A getter for ``draw(t)``, and ``draw(t + 1)`` started in the background behind it.
 
@@ -184,8 +189,9 @@ def drawn_ahead(
     a resumed run has new ones and starts afresh); the values are ``draw(t)``'s whatever is
     served (one worker runs the draws in order). Another ``t`` (a rerun step) or owner draws
     anew. On other devices ``draw(t)`` runs inline, as :func:`in_background` does.
+    ``ahead=False`` is :func:`in_background` of ``draw(t)`` alone (``Decor(draw_ahead=False)``).
     """
-    if torch.device(device).type != "cpu":
+    if not ahead or torch.device(device).type != "cpu":
         return in_background(lambda: draw(t), device=device)
     pending = None
     for k, (who, step, getter) in enumerate(_AHEAD):

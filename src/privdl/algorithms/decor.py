@@ -87,6 +87,11 @@ class Decor:
     #: a variance per node and per edge instead of the two sigmas
     #: (:class:`~privdl.mechanisms.noise_design.NoiseDesign`, docs/noise-design.md)
     noise_design: NoiseDesign | None = None
+    #: on a CPU, start step t + 1's noise draw when step t takes its own
+    #: (:func:`~privdl.algorithms.base.drawn_ahead`; the same values): on the idle 2-core CPU
+    #: the MNIST step took 3.67x / 2.91x the non-private one (torus / ring) against 3.93x /
+    #: 3.78x without (``benchmarks/bench_decor.py``); False draws during the gradients only
+    draw_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.sigma_cdp < 0 or self.sigma_cor < 0:
@@ -184,7 +189,7 @@ class Decor:
         else:
             # drawn while line 2 runs; on a CPU started during the previous step
             owner = (self, comm, state.edge_keys, state.noise_keys, first.dtype)
-            pending = drawn_ahead(owner, t, draw, device=first.device)
+            pending = drawn_ahead(owner, t, draw, device=first.device, ahead=self.draw_ahead)
             res = oracle(state.params, t, clip=self.clip)  # line 2
             grads = res.grads
             flat = pending()
