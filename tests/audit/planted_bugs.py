@@ -8,14 +8,17 @@ restores it on exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from unittest import mock
 
 import torch
 
 import privdl.algorithms.decor as decor_module
+import privdl.algorithms.privsgp as privsgp_module
 import privdl.recipes.gossip as gossip_recipe
 import privdl.tasks as tasks
+from privdl.algorithms.federated import FederatedRounds
 from privdl.data.batching import BatchIndex, sample_batches
 from privdl.engine.grads import ClipSpec, node_gradients
 from privdl.mechanisms.correlated import correlated_noise, decor_noise, independent_noise
@@ -149,4 +152,50 @@ def shuffled_batches_per_epoch() -> Iterator[None]:
 
     with (mock.patch.object(tasks, "step_generator", generator),
           mock.patch.object(tasks, "sample_batches", buggy)):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def privsgp_node_noise_dropped(node: int, nodes: int) -> Iterator[None]:
+    """PrivSGP(-VR) (line 5 of Algorithm 1) without node ``node``'s noise: the rows ``node``,
+    ``node + nodes``, ... of the noise zeroed (an audit runs copies of the ``nodes``-node
+    network one after the other)."""
+
+    def buggy(*args, **kwargs):
+        out = independent_noise(*args, **kwargs)
+        keep = (torch.arange(out.shape[0], device=out.device) % nodes != node).to(out.dtype)
+        return out * keep[:, None]
+
+    with mock.patch.object(privsgp_module, "independent_noise", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def privsgp_block_clipped_after_averaging() -> Iterator[None]:
+    """PrivSGP(-VR)'s table entries (blocks of samples) clipped as a block mean, not per sample:
+    one example of a block of B then moves its entry by up to C instead of C / B."""
+
+    def buggy(model, params, x, y, *, clip, **kwargs):
+        if clip.mode == "per_sample":
+            clip = ClipSpec(mode="batch_mean", threshold=clip.threshold, kind=clip.kind)
+        return node_gradients(model, params, x, y, clip=clip, **kwargs)
+
+    with mock.patch.object(privsgp_module, "node_gradients", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def client_noise_scaled(factor: float, client: int = 0) -> Iterator[None]:
+    """A federated client's local DP-SGD (Robust-HDP Eq. 1) with its noise multiplied by
+    ``factor`` (0: dropped) in its local training, while its accountant still counts the
+    calibrated noise multiplier."""
+    local_updates = FederatedRounds.local_updates
+
+    def buggy(self, *args, **kwargs):
+        z = list(self.noise_multipliers)
+        z[client] *= factor
+        return local_updates(dataclasses.replace(self, noise_multipliers=tuple(z)), *args,
+                             **kwargs)  # fmt: skip
+
+    with mock.patch.object(FederatedRounds, "local_updates", buggy):
         yield

@@ -68,6 +68,33 @@ def test_one_run_federated_client_is_positive_and_under_the_accounted_epsilon():
     assert 0.5 < got.epsilon_lower <= got.epsilon_accounted <= 10 + 1e-6
 
 
+#: DP-FedAvg in one run on 500 canary examples at client 0 (budget 1, q = 1/2, 2 rounds).
+FEDAVG = {"one_run": True, "canaries": 500, "budgets": "1", "steps": 2, "sampling_rate": 0.5,
+          "accountant": "rdp"}  # fmt: skip
+
+
+def test_one_run_federated_client_catches_its_noise_dropped():
+    """Client 0's noise dropped in its local training while its accountant still counts it:
+    one run, the server's view of the updates, certifies more than the claim."""
+    with bugs.client_noise_scaled(0.0):
+        bug = audit("dpfedavg", **FEDAVG)
+    assert bug.accounted["threat_model"] == "server" and bug.confidence == 0.95
+    assert bug.epsilon_lower > bug.epsilon_accounted, (bug.epsilon_lower, bug.epsilon_accounted)
+
+
+@pytest.mark.slow
+def test_one_run_dpfedavg_client_stays_under_its_accounted_epsilon():
+    """The correct DP-FedAvg client of the test above: under the accounted epsilon (labelled
+    example / add_remove / server), on 500 and on 5000 canaries."""
+    for canaries in (500, 5000):
+        got = audit("dpfedavg", **{**FEDAVG, "canaries": canaries})
+        acc = got.accounted
+        assert (acc["unit"], acc["neighbouring"], acc["threat_model"]) == (
+            "example", "add_remove", "server")  # fmt: skip
+        assert got.one_run["bound"].startswith("Steinke, Nasr")
+        assert 0 <= got.epsilon_lower <= got.epsilon_accounted <= 1 + 1e-6
+
+
 def test_black_box_trials_stay_under_the_accounted_epsilon():
     """Independent trials, the final model only: the fitted threshold on the canary's loss."""
     got = audit("dpsgd", black_box=True, trials=4000, batch=2000, **WEAK)

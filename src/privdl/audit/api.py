@@ -35,7 +35,7 @@ from privdl.audit.examples import (
 )
 from privdl.audit.federated import build_client_run, client_budget, client_views
 from privdl.audit.gossip import batches, canary_views, gossip_view, public_signs
-from privdl.audit.privsgp import privsgp_views
+from privdl.audit.privsgp import build_privsgp_input_run, privsgp_input_views, privsgp_views
 from privdl.audit.scores import fit_linear_test, fit_mixture_test, fit_scan_test
 from privdl.engine.threads import one_thread
 from privdl.errors import ConfigError
@@ -72,6 +72,11 @@ EXAMPLE_DEFAULTS: dict[str, Any] = {
     "steps": 10,
     "lr": 1e-3,
 }
+
+#: PrivSGP(-VR) input canaries (:func:`privdl.audit.privsgp.build_privsgp_input_run`): the
+#: canary example in a block of 16 (J = 4 blocks a node), a small step size so its gradient
+#: stays clipped.
+PRIVSGP_INPUT_DEFAULTS: dict[str, Any] = {**EXAMPLE_DEFAULTS, "block_size": 16}
 
 #: What an audit changes in a run's defaults: a small synthetic task (the canary oracle replaces
 #: its data; every node takes its full local gradient: user-level privacy), C = 1, a few steps.
@@ -144,13 +149,27 @@ def audit_config(algorithm: str, options: dict[str, Any], threat_model: str | No
     return cfg
 
 
-def audit_values(algorithm: str, options: dict[str, Any], threat_model: str | None) -> dict:
-    """The audit's run options (module docstring), checked against what it can audit."""
+def audit_values(
+    algorithm: str,
+    options: dict[str, Any],
+    threat_model: str | None,
+    *,
+    input_canaries: bool = False,
+) -> dict:
+    """The audit's run options (module docstring), checked against what it can audit
+    (``input_canaries``: PrivSGP(-VR) with a canary example in node 0's data)."""
     if algorithm not in AUDITED:
         raise ConfigError(
             f"privdl audit runs {', '.join(AUDITED)} so far; {algorithm!r} is not audited yet"
         )
-    if algorithm in FEDERATED:
+    if algorithm in PRIVSGP and input_canaries:
+        values = {**PRIVSGP_INPUT_DEFAULTS, **options, "algorithm": algorithm}
+        if "task" in options or "batch_size" in options or "ls_dim" in options:
+            raise ConfigError(
+                "a PrivSGP input-canary audit makes its own data (the canary example at node 0): "
+                "give block_size, not task, batch_size or ls_dim"
+            )
+    elif algorithm in FEDERATED:
         values = {**EXAMPLE_DEFAULTS, "steps": 3, **options, "algorithm": algorithm}
         if "task" in options or "batch_size" in options or "clients" in options:
             raise ConfigError(
@@ -243,6 +262,7 @@ def audit(
     k_minus: int | None = None,
     known_position: bool = False,
     canary_model: str = "linear",
+    input_canaries: bool = False,
     **options: Any,
 ) -> AuditResult:
     """Audit ``algorithm`` as implemented (module docstring).
@@ -270,6 +290,10 @@ def audit(
         canary_model: ``linear`` (one model coordinate per canary) or ``cnn``: mislabelled
             images in a shared bias-free CNN, one run, black box (:mod:`privdl.audit.cnn`;
             needs ``one_run`` and ``black_box``).
+        input_canaries: PrivSGP(-VR): a canary example in node 0's data, through the run's
+            own sample oracle (:func:`privdl.audit.privsgp.privsgp_input_views`), instead of a
+            gradient canary; ``black_box`` implies it. (The others take input canaries with
+            ``sampling="poisson"``.)
         **options: the run's options, as ``privdl run`` takes them (``graph``, ``epsilon``,
             ``delta``, ``steps``, ``sigma``, ``sampling``, ...).
     """
@@ -280,10 +304,21 @@ def audit(
     if batch is not None and batch < 2:
         raise ConfigError(f"batch must be >= 2, got {batch}")
     start = time.perf_counter()
-    if black_box and not example_level(algorithm, options):
+    privsgp_input = algorithm in PRIVSGP and (input_canaries or black_box)
+    if input_canaries and algorithm not in PRIVSGP:
+        raise ConfigError(
+            "--input-canaries is for privsgp and privsgp-vr; the others take input canaries "
+            f"with --sampling poisson ({', '.join(EXAMPLE_LEVEL)})"
+        )
+    if black_box and not (example_level(algorithm, options) or privsgp_input):
         raise ConfigError(
             f"black-box audits run input canaries ({', '.join(EXAMPLE_LEVEL)} with --sampling "
-            "poisson)"
+            "poisson, privsgp and privsgp-vr)"
+        )
+    if privsgp_input and (one_run or known_position or canary_model != "linear"):
+        raise ConfigError(
+            f"{algorithm} input-canary audits run independent trials (no --one-run, "
+            "--known-position or --canary-model)"
         )
     gossip_examples = example_level(algorithm, options) and algorithm != "dpsgd"
     if gossip_examples and ((one_run and canary_model != "cnn") or known_position):
@@ -326,6 +361,33 @@ def audit(
         view_text = "every client's update, every round (client 0's, coordinate by coordinate)"
         threat, rate, mixture = "server", None, True
         accounted = client_budget(run)
+    elif privsgp_input:
+        # a network copy per trial: ChaCha20 streams (same distribution; a run's own wins)
+        options = {"noise_backend": "chacha20", **options}
+        run, x, present = _privsgp_input_trials(
+            audit_values(algorithm, options, threat_model, input_canaries=True), trials=trials,
+            batch=batch or 4000, seed=seed, rng=rng, black_box=black_box,
+        )  # fmt: skip
+        j, b = _entries(run), int(run.cfg.block_size)
+        canary = {
+            "kind": "example (input canary, black box: the adversary queries the final models)"
+            if black_box
+            else "example (input canary at node 0: its gradient is clipped to exactly C)",
+            "node": 0,
+            "size": float(run.cfg.clip),
+            "entries": j,
+            "block_size": b,
+            "neighbouring": "replace_one: the example +Y or -Y (Y = 100 C, label 1) in block 0 "
+            f"of node 0's {j} blocks of {b}",
+        }
+        view_text = (
+            f"the final models of nodes {list(range(int(run.comm.n_nodes)))} only (black box): "
+            "the task's loss of the canary on them"
+            if black_box
+            else "node 0's messages (its push-sum half-steps), every step"
+        )
+        threat, mixture = "ldp", True
+        rate = None if black_box or algorithm == "privsgp-vr" else 1.0 / float(j)
     elif algorithm in PRIVSGP:
         vr = algorithm == "privsgp-vr"
         if not vr:  # one network copy per trial: ChaCha20 streams cost a third of the CPU
@@ -463,15 +525,44 @@ def _privsgp_trials(
     return run, x, present
 
 
+def _privsgp_input_trials(
+    values: dict[str, Any],
+    *,
+    trials: int,
+    batch: int,
+    seed: int,
+    rng: np.random.Generator,
+    black_box: bool,
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Views of PrivSGP(-VR) input-canary trials (:func:`privdl.audit.privsgp.
+    privsgp_input_views`): one run built, a copy of its network per trial."""
+    run = build_privsgp_input_run(values)
+    if run.privacy is None:
+        raise ConfigError(f"{run.cfg.algorithm} with these options adds no noise: nothing to audit")
+
+    def views_of(world: np.ndarray, signs: np.ndarray, key: int) -> np.ndarray:
+        return privsgp_input_views(run, world=world, seed=key, black_box=black_box)
+
+    with one_thread():
+        x, present = _signed_trials(run, views_of, trials=trials, batch=batch, seed=seed, rng=rng)
+    return run, x, present
+
+
 def _signed_trials(
     run: Any, views_of: Any, *, trials: int, batch: int, seed: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Batches of +-C canary trials (half of each sign, shuffled) under the public sign pattern:
-    ``views_of(world, signs, key)`` gives a batch's views; returns all views and "present"."""
+    ``views_of(world, signs, key)`` gives a batch's views; returns all views and "present".
+    An odd batch's extra trial goes to the world with fewer trials so far (-1 on a tie), so the
+    two worlds differ by at most one trial in all, whatever the batch sizes (batches of one
+    trial included)."""
     signs = public_signs(run.cfg.steps, seed)
     views, worlds = [], []
+    lead = 0  # trials in world +1 minus trials in world -1 so far
     for k, size in enumerate(batches(trials, batch)):
-        world = rng.permutation(np.where(np.arange(size) < size // 2, -1.0, 1.0))
+        minus = size // 2 + (size % 2 if lead >= 0 else 0)
+        lead += size - 2 * minus
+        world = rng.permutation(np.where(np.arange(size) < minus, -1.0, 1.0))
         views.append(views_of(world, signs, seed * 7919 + k))
         worlds.append(world)
     return np.concatenate(views), np.concatenate(worlds) > 0

@@ -243,7 +243,7 @@ def public_signs(steps: int, seed: int) -> np.ndarray:
 
 
 def batches(trials: int, batch: int) -> list[int]:
-    """Sizes of the batches of ``trials`` (each at most ``batch``, even)."""
+    """Sizes of the batches of ``trials`` (each at most ``batch``; they differ by at most one)."""
     count = max(1, math.ceil(trials / batch))
     base = [trials // count] * count
     for k in range(trials - sum(base)):

@@ -29,7 +29,13 @@ from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
 from privdl.tree import Tree
 
-__all__ = ["CanarySamples", "privsgp_views"]
+__all__ = [
+    "INPUT_ENTRIES",
+    "CanarySamples",
+    "build_privsgp_input_run",
+    "privsgp_input_views",
+    "privsgp_views",
+]
 
 #: The canary's entry in node 0's table.
 CANARY_ENTRY = 0
@@ -98,13 +104,15 @@ class _Copies:
 
     def push_sum(self, tree: Tree, weight: Tensor, t: int) -> tuple[Tree, Tensor]:
         ((key, value),) = tree.items()
-        n, b, d = int(self._inner.n_nodes), self.copies, int(value.shape[1])
+        n, b = int(self._inner.n_nodes), self.copies
+        flat = value.reshape(b, n, -1)
+        d = int(flat.shape[2])
         w = weight.reshape(b, n)
         if not bool((w == w[:1]).all()):
             raise AssertionError("push-sum weights differ between the audit's copies")
-        mixed = value.reshape(b, n, d).transpose(0, 1).reshape(n, b * d)
+        mixed = flat.transpose(0, 1).reshape(n, b * d)
         out, w_new = self._inner.push_sum({key: mixed}, w[0], t)
-        back = out[key].reshape(n, b, d).transpose(0, 1).reshape(b * n, d)
+        back = out[key].reshape(n, b, d).transpose(0, 1).reshape(value.shape)
         return {key: back}, w_new.repeat(b)
 
 
@@ -141,3 +149,84 @@ def privsgp_views(
         sent, _ = rec.take()
         parts.append(sent[-1][0])  # node 0's message, copy after copy (or trial after trial)
     return torch.stack(parts).T.to(torch.float64).numpy()
+
+
+# --------------------------------------------------------------------------- input canaries
+#: Table entries (blocks) of every node in an input-canary audit: ``J``.
+INPUT_ENTRIES = 4
+
+
+def build_privsgp_input_run(values: dict[str, Any], *, entries: int = INPUT_ENTRIES) -> Any:
+    """The PrivSGP(-VR) run of an input-canary audit, built as ``privdl.train`` builds a run on
+    the caller's data and model (``task="user"``; noise calibrated to ``values``' epsilon by the
+    recipe): every node holds ``entries`` blocks of ``block_size`` one-feature examples (label
+    1; at least the task's batch size of them, so more blocks where ``block_size`` is small), all zero but node 0's first example, the canary's slot (:func:`privsgp_input_views`
+    writes each trial's canary there); the model is a bias-free linear layer ``f(x) = w x``
+    (logistic loss) started at ``w = 0``."""
+    from torch import nn
+
+    from privdl.audit.examples import CANARY_SCALE
+    from privdl.data.custom import user_data
+    from privdl.loop import build_run  # the loop imports the registry, which imports recipes
+    from privdl.registry import make_config
+    from privdl.tasks import UserObjects
+    from privdl.topology import parse_topology
+
+    cfg: Any = make_config({**values, "task": "user"})
+    # the task checks its (unused) minibatch size against the data: at least that many rows
+    rows = max(int(entries) * int(cfg.block_size), int(cfg.batch_size))
+    clip = float(cfg.clip or 1.0)
+    nodes = parse_topology(str(cfg.graph)).n
+    zero = (torch.zeros((rows, 1)), torch.ones(rows, dtype=torch.int64))
+    x0 = torch.zeros((rows, 1))
+    x0[CANARY_ENTRY * int(cfg.block_size), 0] = CANARY_SCALE * clip
+    data = [(x0, zero[1]), *([zero] * (nodes - 1))]
+    model = nn.Linear(1, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    return build_run(cfg, user=UserObjects(data=user_data(data, n_classes=2), model=model))
+
+
+def privsgp_input_views(
+    run: Any, *, world: np.ndarray, seed: int, black_box: bool = False
+) -> np.ndarray:
+    """Input canaries (black box as to the gradients): each trial is its own copy of the run's
+    network (:class:`_Copies`: its own entries ``xi``, its own noise) running the run's own
+    sample oracle (:class:`privdl.algorithms.privsgp.ModelSamples`: the task's model, per-sample
+    clipping) on the run's data, node 0's canary example ``world Y`` (label 1, ``Y = 100 C``:
+    its logistic gradient ``-world Y / 2`` at ``w = 0`` is clipped to ``-world C``, the two
+    worlds a replace-one pair ``2C`` apart). The view: ``(len(world), steps)`` node 0's
+    messages (its push-sum half-steps), every step, or (``black_box``) ``(len(world), n)`` the
+    loss of the ``+Y`` canary on every node's final model ``z_i = x_i / w_i``."""
+    from dataclasses import replace
+
+    from privdl.audit.examples import CANARY_SCALE
+    from privdl.engine.losses import per_sample_loss
+
+    n, steps, size = int(run.comm.n_nodes), int(run.cfg.steps), len(world)
+    if size * max(steps, n) > MAX_CELLS:
+        raise ConfigError(f"{size} trials x {steps} steps is too large for one audit")
+    base = run.oracle
+    oracle = base.rows(list(range(n)) * size)  # node b n + i is node i of copy (trial) b
+    x = oracle.x.clone()
+    slot = CANARY_ENTRY * int(base.block_size)
+    x[::n, slot, 0] = torch.as_tensor(world, dtype=x.dtype) * CANARY_SCALE * float(run.cfg.clip)
+    oracle = replace(oracle, x=x)
+    rec = _Recording(run.comm)
+    comm = _Copies(rec, size)
+    first = run.recipe.initial_params(run.cfg, run.task)
+    params = {k: v.repeat(size, *([1] * (v.dim() - 1))) for k, v in first.items()}
+    state = run.algorithm.init(params, oracle, cast(Communicator, comm), keys=Keys.from_seed(seed))
+    parts = []
+    for _ in range(steps):
+        state, _ = run.algorithm.step(state, oracle, cast(Communicator, comm))
+        sent, _ = rec.take()
+        parts.append(sent[-1][0])  # node 0's message in every copy
+    if not black_box:
+        return torch.stack(parts).T.to(torch.float64).numpy()
+    final = state.params  # (size n, ...): every node's de-biased model, copy after copy
+    canary = torch.full((size * n, 1, 1), CANARY_SCALE * float(run.cfg.clip))
+    with torch.no_grad():
+        out = run.task.model.forward(final, canary.to(next(iter(final.values())).dtype))
+        loss = per_sample_loss(out, torch.ones((size * n, 1), dtype=torch.int64),
+                               run.task.loss_name)  # fmt: skip
+    return loss.reshape(size, n).to(torch.float64).numpy()

@@ -3,8 +3,9 @@ each (the preset ``privdl/presets/audit-suite.toml``, data like the reproduction
 
 Each entry has a ``kind`` (:data:`KINDS`): independent trials with gradient canaries
 (``multi-run``), input canaries of the gossip family (``example``), one-run audits
-(``one-run``), known-position canaries (``known-position``) and mislabelled images in a shared
-CNN (``cnn``); ``kinds`` chooses which run (:data:`DEFAULT_KINDS` by default)."""
+(``one-run``), known-position canaries (``known-position``), PrivSGP with gradient canaries and
+PrivSGP / PrivSGP-VR with input canaries (``privsgp``), and mislabelled images in a shared CNN
+(``cnn``); ``kinds`` chooses which run (:data:`DEFAULT_KINDS` by default)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from privdl.errors import ConfigError
 __all__ = ["DEFAULT_KINDS", "KINDS", "accounted_label", "run_suite", "suite_table"]
 
 #: The kinds of audit in the preset, and those run by default (``cnn`` trains a CNN: slower).
-KINDS = ("multi-run", "example", "one-run", "known-position", "cnn")
-DEFAULT_KINDS = ("multi-run", "example", "one-run", "known-position")
+KINDS = ("multi-run", "example", "one-run", "known-position", "privsgp", "cnn")
+DEFAULT_KINDS = ("multi-run", "example", "one-run", "known-position", "privsgp")
 
 
 def _fmt(v: float) -> str:

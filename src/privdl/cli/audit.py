@@ -74,16 +74,16 @@ def _text(r: Any) -> str:
 
 
 def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch, sampling_rate,
-           one_run, canaries, black_box, known_position, canary_model, as_json, plot, suite, out,
-           overwrite, suite_kinds, **flags):  # fmt: skip
+           one_run, canaries, black_box, known_position, canary_model, input_canaries, as_json,
+           plot, suite, out, overwrite, suite_kinds, **flags):  # fmt: skip
     from privdl.audit import audit
 
     seed = flags.pop("seed", None)
     if suite:
-        if one_run or black_box or known_position or canary_model != "linear":
+        if one_run or black_box or known_position or input_canaries or canary_model != "linear":
             raise click.UsageError(
-                "--suite runs its own preset: no --one-run, --black-box, --known-position or "
-                "--canary-model (choose its audits with --suite-kinds)"
+                "--suite runs its own preset: no --one-run, --black-box, --known-position, "
+                "--input-canaries or --canary-model (choose its audits with --suite-kinds)"
             )
         _suite(algorithm, config_file, sets, flags, out, overwrite, trials, confidence, seed,
                suite_kinds)  # fmt: skip
@@ -109,6 +109,7 @@ def _audit(algorithm, config_file, sets, trials, threat_model, confidence, batch
         black_box=black_box,
         known_position=known_position,
         canary_model=canary_model,
+        input_canaries=input_canaries,
         **values,
     )
     if plot:
@@ -177,7 +178,7 @@ audit = click.Command(
             type=click.IntRange(2),
             default=None,
             help="Trials per run of the mechanism (memory; default 50000 gradient canaries, "
-            "4000 canary examples).",
+            "20000 PrivSGP gradient canaries, 4000 canary examples and PrivSGP input canaries).",
         ),
         click.Option(
             ["--sampling-rate"],
@@ -204,8 +205,17 @@ audit = click.Command(
         click.Option(
             ["--black-box"],
             is_flag=True,
-            help="Input canaries (dpsgd, decor, ldp, cdp, porter-dp with --sampling poisson): "
-            "the adversary sees the final model(s) only (its score is the canary's loss).",
+            help="Input canaries (dpsgd, decor, ldp, cdp, porter-dp with --sampling poisson; "
+            "privsgp, privsgp-vr): the adversary sees the final model(s) only (its score is the "
+            "canary's loss).",
+        ),
+        click.Option(
+            ["--input-canaries"],
+            is_flag=True,
+            help="privsgp, privsgp-vr: a canary example in node 0's data (in a block of "
+            "--block-size examples, 16 unless given; 4 blocks a node), through the run's own "
+            "sample oracle, instead of a gradient canary; the adversary sees node 0's messages "
+            "(--black-box: the final models).",
         ),
         click.Option(
             ["--known-position"],
@@ -232,8 +242,7 @@ audit = click.Command(
             ["--suite-kinds"],
             default=None,
             help="--suite: the kinds of audit to run, comma-separated, of multi-run, "
-            "input, one-run, known-position, example, cnn (default: multi-run,input,one-run,"
-            "known-position,example).",
+            "example, one-run, known-position, privsgp, cnn (default: all but cnn).",
         ),
         click.Option(["--out"], type=click.Path(file_okay=False), help="--suite: report folder."),
         click.Option(["--overwrite"], is_flag=True, help="--suite: replace a report in --out."),
@@ -247,7 +256,7 @@ audit = click.Command(
     callback=_audit,
     help=(
         "Audit ALGORITHM as implemented: run its mechanism on neighbouring inputs (a white-box "
-        "gradient canary) and certify a lower bound on epsilon beside the accounted upper bound. "
+        "gradient canary, or input canaries: --sampling poisson, --input-canaries) and certify a lower bound on epsilon beside the accounted upper bound. "
         "Takes privdl run's options (the noise is calibrated to --epsilon as a run would). "
         "Exit code 1 when the lower bound exceeds the accounted epsilon."
     ),
