@@ -80,6 +80,21 @@ def test_one_run_gossip_json():
     assert got["accounted"]["unit"] == "user" and got["threat_model"] == "ldp"
 
 
+def test_privsgp_input_canaries_json():
+    """PrivSGP with a canary example at node 0 (through the run's sample oracle): node 0's
+    messages, under the accounted (not nominal) epsilon, labelled."""
+    args = ["audit", "privsgp", "--input-canaries", "--graph", "ring:4", "--sigma", "0.1",
+            "--steps", "3", "--trials", "400", "--json"]  # fmt: skip
+    out = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert got["trials"] == 400 and got["canary"]["kind"].startswith("example (input canary")
+    assert got["canary"]["entries"] == 4 and got["canary"]["block_size"] == 16
+    assert got["accounted"]["unit"] == "example" and got["accounted"]["threat_model"] == "ldp"
+    assert "nominal" not in got["accounted"]["accountant"]
+    assert 0 <= got["epsilon_lower"] <= got["epsilon_accounted"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -94,6 +109,9 @@ def test_one_run_gossip_json():
         ["audit", "porter-gc", "--epsilon", "1"],
         ["audit", "ldp", "--epsilon", "1", "--threat-model", "curious"],
         ["audit", "decor", "--epsilon", "1", "--threat-model", "spy"],
+        ["audit", "ldp", "--epsilon", "1", "--input-canaries"],
+        ["audit", "privsgp", "--sigma", "1", "--input-canaries", "--one-run"],
+        ["audit", "--suite", "--input-canaries", "--out", "x"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, capsys):
@@ -140,5 +158,5 @@ def test_suite_runs_every_kind_by_default(tmp_path, capsys):
     out = tmp_path / "audits"
     assert main(["audit", "--suite", "--trials", "400", "--out", str(out)]) == 0
     kinds = [e["kind"] for e in json.loads((out / "summary.json").read_text())]
-    assert set(kinds) == {"multi-run", "example", "one-run", "known-position"}
-    assert len(kinds) == 20
+    assert set(kinds) == {"multi-run", "example", "one-run", "known-position", "privsgp"}
+    assert len(kinds) == 25
