@@ -15,6 +15,10 @@ each included with probability 1/2 (DP-SGD with Poisson sampling, federated clie
 gradient canaries each signed +-C with probability 1/2 (the gossip family, user level).
 ``black_box=True`` (DP-SGD) shows the adversary only the final model: its score is the canary's
 loss.
+
+PrivSGP and PrivSGP-VR take input canaries with ``input_canaries=True`` (or ``black_box=True``):
+a canary example in node 0's data, through the run's own sample oracle, each trial its own copy
+of the network (:func:`privdl.audit.privsgp.privsgp_input_views`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ is its own copy of the network, so the algorithm's sampler draws each trial's ``
 PrivSGP-VR (accounted for every sequence of draws): each trial is one coordinate of one network,
 sharing the draws (docs/auditing.md). The adversary sees node 0's messages (its push-sum
 half-steps), every step.
+
+Input canaries (:func:`privsgp_input_views`): a canary *example* in node 0's data instead,
+through the run's own sample oracle (the task's model, per-sample clipping, block means), one
+network copy per trial for both algorithms; node 0's messages or, black box, the final models.
 """
 
 from __future__ import annotations
