@@ -94,3 +94,36 @@ def test_signed_trials_balance_the_worlds_whatever_the_batches(trials, batch):
     assert len(present) == trials == sum(sizes) and max(sizes) <= batch
     assert np.array_equal(present, x[:, 0] > 0)
     assert abs(int(present.sum()) - int((~present).sum())) <= 1
+
+
+@pytest.mark.parametrize("algorithm", ["privsgp", "privsgp-vr"])
+def test_input_canary_moves_node_0s_first_message_as_the_algorithm_says(algorithm):
+    """Oracle, by hand: at step 0 (model 0, noise 1e-9) the canary example +-Y's logistic
+    gradient -+Y/2 is clipped to -+C and averaged over its block of B = 16, so node 0 sends
+    ``gamma world C / B`` where its own draw (the algorithm's sampler, called on its own) is
+    the canary's block (PrivSGP), and ``gamma world C / (B J)`` (the table mean) in every trial
+    (PrivSGP-VR)."""
+    import torch
+
+    from privdl.algorithms.base import Keys
+    from privdl.algorithms.privsgp import _sample_index
+    from privdl.audit.api import audit_values
+    from privdl.audit.privsgp import CANARY_ENTRY, build_privsgp_input_run, privsgp_input_views
+
+    values = audit_values(algorithm, {"graph": "ring:4", "sigma": 1e-9, "steps": 1}, None,
+                          input_canaries=True)  # fmt: skip
+    run = build_privsgp_input_run(values)
+    trials, seed, n, j, b = 400, 5, 4, 4, 16
+    world = np.where(np.arange(trials) % 3 == 0, 1.0, -1.0)
+    views = privsgp_input_views(run, world=world, seed=seed)
+    gamma, clip = float(run.cfg.lr), float(run.cfg.clip)
+    if algorithm == "privsgp":
+        xi = _sample_index(Keys.from_seed(seed).sampling_seed, 0, n * trials, j,
+                           torch.device("cpu"))  # fmt: skip
+        drawn = (xi[::n] == CANARY_ENTRY).numpy()
+        expected = np.where(drawn, gamma * world * clip / b, 0.0)
+        assert 0.15 < drawn.mean() < 0.35  # each trial's own draw, about 1/J of them
+    else:
+        expected = gamma * world * clip / (b * j)
+    assert views.shape == (trials, 1)
+    np.testing.assert_allclose(views[:, 0], expected, rtol=1e-4, atol=1e-8)
