@@ -37,7 +37,8 @@ def test_residual_matrix_is_the_sum_of_gossip_powers() -> None:
 
 @pytest.mark.parametrize(
     "n,p,seed,adversary",
-    [(6, 0.6, 1, "eavesdropper"), (5, 0.7, 2, "curious"),
+    [(6, 0.6, 1, "eavesdropper"), (5, 0.7, 2, "curious"), (5, 0.8, 1, "collusion:2"),
+     pytest.param(6, 0.7, 1, "collusion:2", marks=pytest.mark.slow),
      pytest.param(8, 0.5, 1, "eavesdropper", marks=pytest.mark.slow),
      pytest.param(10, 0.4, 2, "eavesdropper", marks=pytest.mark.slow),
      pytest.param(7, 0.6, 3, "curious", marks=pytest.mark.slow)],

@@ -134,8 +134,11 @@ def design_step_rdp(
         design: the per-node and per-edge variances.
         clip: clipping threshold C (sensitivity 2C, replace-one); C / b at example level.
         adversary: eavesdropper | curious | collusion:Q | ldp.
-        method: ``auto`` (uniform designs: DECOR's accountant), ``grounded`` or ``naive``
-            (one plain inverse per colluding set: the test oracle).
+        method: ``auto`` (uniform designs: DECOR's accountant; curious users above
+            :data:`LOWRANK_FROM` nodes: ``lowrank``), ``grounded``, ``lowrank`` (curious users
+            only: one factorization and a low-rank update per deleted vertex,
+            :func:`_curious_lowrank`; grounded where Sigma is ill-conditioned) or ``naive`` (one
+            plain inverse per colluding set: the test oracle).
     """
     if not (clip > 0 and math.isfinite(clip)):
         raise PrivacyError(f"clip must be a positive finite number, got {clip}")
@@ -165,8 +168,19 @@ def design_step_rdp(
             adversary=adv, max_subsets=max_subsets, force=force,
         )  # fmt: skip
         return step
-    if method not in ("auto", "grounded", "naive"):
-        raise PrivacyError(f"unknown method {method!r}; use auto, grounded or naive")
+    if method not in ("auto", "grounded", "naive", "lowrank"):
+        raise PrivacyError(f"unknown method {method!r}; use auto, grounded, lowrank or naive")
+    if q == 1 and method in ("auto", "lowrank") and (method == "lowrank" or n > LOWRANK_FROM):
+        found = _curious_lowrank(n, edges, d, w)
+        if found is not None:
+            value, j, i = found
+            keep = np.ones(n, dtype=bool)
+            keep[j] = False
+            lap = weighted_laplacian(n, edges, w, keep)
+            parts = connected_components(sp.csr_matrix(np.where(lap < 0, 1.0, 0.0)), directed=False)
+            return SecRdpStep(
+                2.0 * clip**2 * value, 1, adv.label, "design-lowrank", (j,), i, parts[0] > 1
+            )
     diagonal = _naive_diagonal if method == "naive" else sigma_inverse_diagonal_design
     best_set: tuple[int, ...]
     best, best_set, best_node = -np.inf, (), -1
@@ -191,6 +205,98 @@ def design_step_rdp(
     return SecRdpStep(
         2.0 * clip**2 * best, q, adv.label, name, tuple(best_set), best_node, parts > 1
     )
+
+
+#: ``method="auto"`` takes :func:`_curious_lowrank` for curious users above this many nodes.
+LOWRANK_FROM = 100
+#: :func:`_curious_lowrank` is used only where its bound on cond(Sigma) is at most this
+#: (rounding about cond * 1e-16 relative); above it the grounded path (exact at any ratio).
+LOWRANK_MAX_COND = 1e6
+#: the deleted vertices whose low-rank maxima come closest to the largest are recomputed by
+#: the grounded path (an independent check; the certificate is the larger of the two)
+LOWRANK_RECHECK = 4
+
+
+def _curious_lowrank(
+    n: int, edges: np.ndarray, d: np.ndarray, w: np.ndarray, *, chunk: int = 128
+) -> tuple[float, int, int] | None:
+    """max_j max_{i != j} [Sigma_j^{-1}]_ii for curious users (every vertex j deleted) from one
+    Cholesky factorization, or None where Sigma is too ill-conditioned for it (the caller then
+    grounds every deletion). Returns (value, j, i).
+
+    Deleting j leaves Sigma_j = Sigma[-j,-j] - U W U^T, U = the unit columns of j's neighbours K,
+    W = diag(w_jk) (their edges to j drop out of the Laplacian). With N = Sigma^{-1} the principal
+    block's inverse is P = N[-j,-j] - N[-j,j] N[j,-j] / N_jj and Woodbury's identity (Golub &
+    Van Loan, Matrix Computations, 4th ed., 2.1.4) in its symmetric form gives
+
+        [Sigma_j^{-1}]_ii = P_ii + |R_j^{-1} W^{1/2} (P U)_i^T|^2,
+        R_j^T R_j = I - W^{1/2} P_KK W^{1/2}   (Cholesky; positive definite as Sigma_j is),
+
+    every term non-negative. Cost: O(n^3) once, O(n deg^2) per vertex. The vertices closest to
+    the maximum are recomputed by grounding (:data:`LOWRANK_RECHECK`)."""
+    if n < 3 or np.any(d <= 0):
+        return None
+    wdeg = np.bincount(edges[:, 0], weights=w, minlength=n) + np.bincount(
+        edges[:, 1], weights=w, minlength=n
+    )
+    if (float(d.max()) + 2.0 * float(wdeg.max())) / float(d.min()) > LOWRANK_MAX_COND:
+        return None
+    sigma = np.diag(d) + weighted_laplacian(n, edges, w)
+    try:
+        factor = sla.cho_factor(sigma, lower=True)
+    except np.linalg.LinAlgError:
+        return None
+    inv = sla.cho_solve(factor, np.eye(n))
+    inv = 0.5 * (inv + inv.T)
+    # neighbours of every vertex (padded with a zero-weight copy of the vertex itself)
+    ends = np.concatenate([edges[:, 0], edges[:, 1]])
+    other = np.concatenate([edges[:, 1], edges[:, 0]])
+    weight = np.concatenate([w, w])
+    order = np.lexsort((other, ends))
+    ends, other, weight = ends[order], other[order], weight[order]
+    degree = np.bincount(ends, minlength=n)
+    k = max(int(degree.max()) if len(degree) else 0, 1)
+    slot = np.arange(len(ends)) - np.repeat(np.cumsum(degree) - degree, degree)
+    nb = np.repeat(np.arange(n)[:, None], k, axis=1)
+    wt = np.zeros((n, k))
+    nb[ends, slot] = other
+    wt[ends, slot] = weight
+    diag = np.diag(inv)
+    best = np.empty(n)
+    arg = np.empty(n, dtype=np.int64)
+    for start in range(0, n, chunk):
+        js = np.arange(start, min(n, start + chunk))
+        b = len(js)
+        col = inv[:, js].T  # (b, n): N e_j
+        p_diag = diag[None, :] - col**2 / diag[js][:, None]
+        nbj = nb[js]  # (b, k)
+        pu = (
+            inv[nbj].transpose(0, 2, 1)
+            - col[:, :, None] * (col[np.arange(b)[:, None], nbj] / diag[js][:, None])[:, None, :]
+        )  # (b, n, k): P U (row j is zero)
+        root = np.sqrt(wt[js])  # (b, k)
+        p_kk = pu[np.arange(b)[:, None, None], nbj[:, :, None], np.arange(k)[None, None, :]]
+        cap = np.eye(k)[None] - root[:, :, None] * p_kk * root[:, None, :]
+        try:
+            chol = np.linalg.cholesky(0.5 * (cap + cap.transpose(0, 2, 1)))
+        except np.linalg.LinAlgError:
+            return None
+        scaled = (pu * root[:, None, :]).transpose(0, 2, 1)  # (b, k, n)
+        solved = np.linalg.solve(chol, scaled)  # R^{-T} W^{1/2} U^T P, lower-triangular solve
+        vals = p_diag + (solved**2).sum(axis=1)
+        vals[np.arange(b), js] = -np.inf
+        arg[js] = np.argmax(vals, axis=1)
+        best[js] = vals[np.arange(b), arg[js]]
+    checked = np.argsort(-best)[:LOWRANK_RECHECK]
+    for j in checked:  # the grounded path for the closest vertices
+        keep = np.ones(n, dtype=bool)
+        keep[j] = False
+        exact = sigma_inverse_diagonal_design(d[keep], weighted_laplacian(n, edges, w, keep))
+        i = int(np.argmax(exact))
+        if exact[i] > best[j]:
+            best[j], arg[j] = float(exact[i]), int(np.arange(n)[keep][i])
+    j = int(np.argmax(best))
+    return float(best[j]), j, int(arg[j])
 
 
 def account_design(
