@@ -50,7 +50,7 @@ from privdl.accounting._graph import (
     algebraic_connectivity,
     edge_array,
     laplacian,
-    shift_invariant,
+    translation_shape,
 )
 from privdl.accounting._sigma_inverse import (
     deletion_maxima,
@@ -64,7 +64,9 @@ MAX_SUBSETS = 100_000
 DENSE_LIMIT = 2000
 #: From this many nodes the sparse path of Algorithm 3 (q >= 1) enumerates only the colluding
 #: sets that contain vertex 0 when the graph is circulant in its labelling (a ring: n times
-#: fewer sets; :func:`~privdl.accounting._graph.shift_invariant`). Below it every set is
+#: fewer sets; :func:`~privdl.accounting._graph.shift_invariant`), and likewise on a torus in
+#: row-major order (its translations, :func:`~privdl.accounting._graph.translation_shape`). Below
+#: it every set is
 #: enumerated, as before (the same numbers to the last bit: symmetric sets agree only up to
 #: rounding).
 SYMMETRY_MIN_NODES = 20_000
@@ -179,7 +181,9 @@ def decor_step_rdp(
         symmetry_min_nodes: from this many nodes the sparse path of Alg 3 enumerates only the
             colluding sets containing vertex 0 on a graph that the cyclic shift maps onto
             itself (every other set is a shift of one of them: the same maximum); the method
-            is then labelled ``sparse-selinv+cyclic-symmetry``.
+            is then labelled ``sparse-selinv+cyclic-symmetry``. The same holds for the
+            translations of a row-major ``r x c`` torus (``sparse-selinv+translation-symmetry``;
+            the eavesdropper's value is then the closed form ``translation-invariant``).
 
     Returns:
         :class:`SecRdpStep`; each step is (alpha, alpha * step_rdp)-SecRDP for every alpha > 1.
@@ -193,7 +197,8 @@ def decor_step_rdp(
         return SecRdpStep(ldp_value, n - 1, "ldp", "ldp-closed-form", (), 0, True)
     if q >= n:
         raise PrivacyError(f"collusion level q = {q} must be smaller than n = {n}")
-    symmetric = q >= 1 and n >= symmetry_min_nodes and shift_invariant(n, edges)
+    shape = translation_shape(n, edges) if n >= symmetry_min_nodes else None
+    symmetric = q >= 1 and shape is not None
     count = _n_subsets(n - 1, q - 1) if symmetric else _n_subsets(n, q)
     if count > max_subsets and not force:
         raise PrivacyError(
@@ -205,13 +210,18 @@ def decor_step_rdp(
         keep[:q] = False
         disc = not _is_connected(n, edges, keep)
         return SecRdpStep(ldp_value, q, adv.label, "closed-form", tuple(range(q)), q, disc)
-    if q == 0 and n >= symmetry_min_nodes and shift_invariant(n, edges):
-        # circulant: every diagonal entry of Sigma^{-1} is the same, the mean of the inverse
-        # eigenvalues (one closed form, O(n deg), every term positive: exact at any ratio)
-        value = circulant_inverse_diagonal(n, edges, sigma_cdp, sigma_cor)
+    if q == 0 and shape is not None:
+        # vertex-transitive by translations: every diagonal entry of Sigma^{-1} is the same, the
+        # mean of the inverse eigenvalues (one closed form, O(n deg), every term positive: exact
+        # at any ratio)
+        if shape[0] == 1:
+            value, label = circulant_inverse_diagonal(n, edges, sigma_cdp, sigma_cor), "circulant"
+        else:
+            value = torus_inverse_diagonal(n, edges, shape, sigma_cdp, sigma_cor)
+            label = "translation-invariant"
         disc = not _is_connected(n, edges, np.ones(n, dtype=bool))
         value = min(value, 1.0 / sigma_cdp**2)
-        return SecRdpStep(2.0 * clip**2 * value, 0, adv.label, "circulant", (), 0, disc)
+        return SecRdpStep(2.0 * clip**2 * value, 0, adv.label, label, (), 0, disc)
     if method == "auto":
         if n > dense_limit:
             method = "sparse-selinv"
@@ -229,7 +239,9 @@ def decor_step_rdp(
             n, edges, q, sigma_cdp, sigma_cor, dense=False, containing_zero=symmetric
         )
         if symmetric:
-            method = "sparse-selinv+cyclic-symmetry"
+            assert shape is not None
+            symmetry = "cyclic" if shape[0] == 1 else "translation"
+            method = f"sparse-selinv+{symmetry}-symmetry"
     else:
         raise PrivacyError(
             f"unknown method {method!r}; use auto, dense, dense+lowrank, sparse-selinv or naive"
@@ -262,6 +274,26 @@ def circulant_inverse_diagonal(
     offsets = np.concatenate([edges[edges[:, 0] == 0, 1], edges[edges[:, 1] == 0, 0]])
     j = np.arange(n, dtype=np.float64)[:, None]
     lam = (2.0 * np.sin(np.pi * j * offsets[None, :].astype(np.float64) / n) ** 2).sum(1)
+    return float(np.mean(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)))
+
+
+def torus_inverse_diagonal(
+    n: int, edges: np.ndarray, shape: tuple[int, int], sigma_cdp: float, sigma_cor: float
+) -> float:
+    """The (common) diagonal entry of ``(sigma_cdp^2 I + sigma_cor^2 L)^{-1}`` for a graph whose
+    row-major ``r x c`` translations are automorphisms (:func:`~privdl.accounting._graph.
+    translation_shape`; a torus): it is a Cayley graph of ``Z_r x Z_c`` whose connection set ``D``
+    is vertex 0's neighbours ``(d_1, d_2) = (v // c, v % c)``, so the characters diagonalise ``L``
+    with eigenvalues ``lambda_ab = sum_{d in D} 2 sin^2(pi (a d_1 / r + b d_2 / c))`` (Babai 1979,
+    spectra of Cayley graphs; the block-circulant case of Gray 2006, Sec. 3.1) and the entry is
+    their inverse mean, as in :func:`circulant_inverse_diagonal`."""
+    r, c = shape
+    offsets = np.concatenate([edges[edges[:, 0] == 0, 1], edges[edges[:, 1] == 0, 0]])
+    d1 = (offsets // c).astype(np.float64)[None, :]
+    d2 = (offsets % c).astype(np.float64)[None, :]
+    a = np.repeat(np.arange(r, dtype=np.float64), c)[:, None]
+    b = np.tile(np.arange(c, dtype=np.float64), r)[:, None]
+    lam = (2.0 * np.sin(np.pi * (a * d1 / r + b * d2 / c)) ** 2).sum(1)
     return float(np.mean(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)))
 
 
