@@ -435,11 +435,27 @@ def ziggurat_rows_batched(
     """:func:`ziggurat_rows` with the AES inside the compiled kernel (the same values bit for
     bit: the same keystream, consumed by the same filler); rows are split over ``workers``
     threads in contiguous ranges."""
-    block = initial_block(counter, substream)
-    out = np.empty((len(keys), size), dtype=np.float32)
-    if not len(keys) or not size:
-        return out
     key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), 32)
+    return key_array_rows(key_array, counter, size, substream=substream, workers=workers,
+                          _words=_words)  # fmt: skip
+
+
+def key_array_rows(
+    key_array: np.ndarray,
+    counter: int,
+    size: int,
+    *,
+    substream: int = 0,
+    workers: int = 1,
+    _words: int | None = None,
+) -> np.ndarray:
+    """:func:`ziggurat_rows_batched` for keys already laid out as a ``(K, 32)`` uint8 array (a
+    caller drawing from the same keys at every step prepares it once)."""
+    block = initial_block(counter, substream)
+    out = np.empty((len(key_array), size), dtype=np.float32)
+    if not len(key_array) or not size:
+        return out
+    keys = key_array
     nonce = np.frombuffer(block[:12], dtype=">u4").astype(np.int64)
     sbox, te = _aes_tables64()
     k2, ws, f_tab = _signed_tables()
