@@ -50,20 +50,44 @@ def _kept() -> None:
     finish_drawn_ahead(keep=True)
 
 
-def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str, float]:
-    side = math.isqrt(n)
+def graph_spec(graph: str, n: int) -> str:
+    """``torus`` (n a square), ``ring`` or ``regular`` (random 6-regular, seed 0)."""
+    if graph == "torus":
+        side = math.isqrt(n)
+        if side * side != n:
+            raise SystemExit(f"bench_scale.py: n = {n} is not a square (tori k x k)")
+        return f"torus:{side}x{side}"
+    return f"ring:{n}" if graph == "ring" else f"regular:{n}:6:0"
+
+
+def bench_n(
+    n: int,
+    *,
+    batch: int,
+    iters: int,
+    device: torch.device,
+    graph: str = "torus",
+    loss: str = "bce",
+    account: bool = False,
+) -> dict[str, float]:
     t0 = time.perf_counter()
-    topo = parse_graph(f"torus:{side}x{side}")
+    topo = parse_graph(graph_spec(graph, n))
     mixing = mixing_matrix(topo, "decor")
     comm = LocalCommunicator(mixing, device=device, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     model = build_model("linear", in_shape=(DIM,), n_classes=1)
     params = {k: v.to(device) for k, v in model.init(n_nodes=n, generator=gen).items()}
     x = torch.randn(n, batch, DIM, generator=gen).to(device)
-    y = torch.randint(0, 2, (n, batch), generator=gen).to(device=device, dtype=torch.float32)
+    if loss == "bce":
+        y = torch.randint(0, 2, (n, batch), generator=gen).to(device=device, dtype=torch.float32)
+    else:  # least squares: y = <x, w_node> + noise, one generated w per node
+        w = torch.randn(n, DIM, 1, generator=gen)
+        y = (torch.bmm(x.cpu(), w).squeeze(-1) + 0.1 * torch.randn(n, batch, generator=gen)).to(
+            device
+        )
 
     def oracle(p, t, *, clip):
-        return node_gradients(model, p, x, y, loss="bce", clip=clip)
+        return node_gradients(model, p, x, y, loss=loss, clip=clip)  # type: ignore[arg-type]
 
     decor = Decor(
         StepSize(LR),
@@ -86,9 +110,24 @@ def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
 
+    timings: dict[str, float] = {"keys_s": 0.0, "accountant_s": 0.0}
+    t_keys = time.perf_counter()
     decor_step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    timings["first_step_s"] = time.perf_counter() - t_keys
+    timings["keys_s"] = t_keys - t0  # graph, mixing, data and the edge-secret agreement
+    method = ""
+    if account:  # the run's budget: the curious user's per-step epsilon (DECOR Alg 3, q = 1)
+        from privdl.accounting.secrdp import decor_step_rdp
+
+        t_acc = time.perf_counter()
+        acc = decor_step_rdp(
+            topo.graph, sigma_cdp=SIGMA_CDP, sigma_cor=SIGMA_COR, clip=C / batch,
+            adversary="curious",
+        )  # fmt: skip
+        timings["accountant_s"] = time.perf_counter() - t_acc
+        method = acc.method
     setup = time.perf_counter() - t0
 
     def sync() -> None:
@@ -110,8 +149,12 @@ def bench_n(n: int, *, batch: int, iters: int, device: torch.device) -> dict[str
         decor_ms, plain_ms = 1e3 * statistics.median(t_decor), 1e3 * statistics.median(t_plain)
     out = {
         "n": n,
+        "graph": graph,
+        "loss": loss,
         "edges": len(topo.edges),
         "setup_s": setup,
+        **timings,
+        "accountant": method,
         "decor_ms": decor_ms,
         "nonprivate_ms": plain_ms,
     }
@@ -150,6 +193,11 @@ def main() -> None:
     ap.add_argument("--accountant", type=int, default=0, help="only the accountant, N nodes")
     ap.add_argument("--regular", action="store_true", help="with --accountant: 6-regular too")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--graph", choices=("torus", "ring", "regular"), default="torus")
+    ap.add_argument("--loss", choices=("bce", "mse"), default="bce", help="mse: least squares")
+    ap.add_argument(
+        "--account", action="store_true", help="time the curious user's accountant in set-up"
+    )
     ap.add_argument("--sizes", default="16,64,256,1024,4096")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--iters", type=int, default=20)
@@ -162,17 +210,20 @@ def main() -> None:
     tuned = apply_run_flags(args)
     device = torch.device(args.device)
     res: dict[str, object] = {
-        "setting": f"DECOR logistic regression d={DIM} torus, batch {args.batch}/node, C={C}",
+        "setting": f"DECOR {'least squares' if args.loss == 'mse' else 'logistic regression'}"
+        f" d={DIM} {args.graph}, batch {args.batch}/node, C={C}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         **machine_facts(tuned),
         "rows": [],
     }
     rows: list[dict] = res["rows"]  # type: ignore[assignment]
     for n in (int(s) for s in args.sizes.split(",")):
-        if math.isqrt(n) ** 2 != n:
-            raise SystemExit(f"bench_scale.py: n = {n} is not a square (tori k x k)")
+        graph_spec(args.graph, n)  # refuses a non-square torus before any work
         try:
-            row = bench_n(n, batch=args.batch, iters=args.iters, device=device)
+            row = bench_n(
+                n, batch=args.batch, iters=args.iters, device=device, graph=args.graph,
+                loss=args.loss, account=args.account,
+            )  # fmt: skip
         except torch.OutOfMemoryError as exc:
             res["stopped"] = f"n = {n}: out of memory ({str(exc).splitlines()[0][:120]})"
             break

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import dp_accounting as dpa
 import networkx as nx
@@ -148,8 +149,9 @@ def test_circulant_shortcuts_equal_the_full_computation(adversary):
         kw = dict(sigma_cdp=1.0, sigma_cor=7.0, adversary=adversary)
         full = decor_step_rdp(g, method="sparse-selinv", **kw)  # type: ignore[arg-type]
         fast = decor_step_rdp(g, dense_limit=0, symmetry_min_nodes=0, **kw)  # type: ignore[arg-type]
-        assert fast.method in ("circulant", "sparse-selinv+cyclic-symmetry")
-        assert fast.step_rdp == pytest.approx(full.step_rdp, rel=1e-12)
+        assert fast.method in ("circulant", "sparse-selinv+cyclic-symmetry", "fourier+deletion")
+        rel = 2e-9 if fast.method == "fourier+deletion" else 1e-12  # rounded up by 1e-9
+        assert fast.step_rdp == pytest.approx(full.step_rdp, rel=rel)
         assert fast.disconnected == full.disconnected
 
 
@@ -161,3 +163,59 @@ def test_circulant_diagonal_equals_a_dense_inverse():
             oracle = np.diag(np.linalg.inv(sigma))
             got = circulant_inverse_diagonal(n, edges, 1.0, ratio)
             assert np.allclose(oracle, got, rtol=1e-9, atol=0)
+
+
+# ------------------------------------------------------- tori: translations as automorphisms
+def _torus(r: int, c: int) -> nx.Graph:
+    return nx.convert_node_labels_to_integers(nx.grid_2d_graph(r, c, periodic=True))
+
+
+def test_torus_translations_are_recognised_and_only_where_they_hold():
+    from privdl.accounting._graph import translation_shape
+
+    assert translation_shape(*edge_array(_torus(5, 7))) == (5, 7)
+    assert translation_shape(*edge_array(_torus(6, 6))) == (6, 6)
+    assert translation_shape(*edge_array(nx.cycle_graph(12))) == (1, 12)
+    perm = np.random.default_rng(1).permutation(35)
+    relabelled = nx.relabel_nodes(_torus(5, 7), dict(enumerate(perm.tolist())))
+    grid = nx.convert_node_labels_to_integers(nx.grid_2d_graph(5, 6))  # no wrap-around
+    for g in (relabelled, grid, nx.random_regular_graph(4, 30, seed=0), nx.path_graph(30)):
+        assert translation_shape(*edge_array(g)) is None
+
+
+@pytest.mark.parametrize("adversary", ["eavesdropper", "curious", "collusion:2"])
+def test_torus_shortcuts_equal_the_dense_oracle(adversary):
+    graphs = (_torus(4, 6),) if adversary == "collusion:2" else (_torus(5, 7), _torus(4, 6))
+    for g in graphs:
+        kw = dict(sigma_cdp=1.0, sigma_cor=7.0, adversary=adversary)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a disconnecting pair warns on both sides
+            oracle = decor_step_rdp(g, **kw)  # type: ignore[arg-type]  # dense, every set
+            fast = decor_step_rdp(g, dense_limit=0, symmetry_min_nodes=0, **kw)  # type: ignore[arg-type]
+        assert fast.method in (
+            "translation-invariant",
+            "sparse-selinv+translation-symmetry",
+            "fourier+deletion",
+        )
+        rel = 2e-9 if fast.method == "fourier+deletion" else 1e-12  # rounded up by 1e-9
+        assert fast.step_rdp == pytest.approx(oracle.step_rdp, rel=rel)
+        assert fast.disconnected == oracle.disconnected
+
+
+@pytest.mark.parametrize("ratio", [0.3, 7.0, 35.0, 1e3])
+def test_curious_fourier_path_never_undercuts_the_dense_oracle(ratio):
+    # the curious user on a ring / torus: FFT of the whole graph's inverse and a rank-deg
+    # deletion update; rounded up by FOURIER_ROUND_UP, so never below the exact value
+    from privdl.accounting.secrdp import FOURIER_MAX_COND
+
+    for g in (_torus(5, 7), _torus(3, 9), nx.cycle_graph(12), nx.circulant_graph(15, [1, 3])):
+        kw = dict(sigma_cdp=1.0, sigma_cor=ratio, adversary="curious")
+        oracle = decor_step_rdp(g, **kw)  # type: ignore[arg-type]  # dense+lowrank, every vertex
+        fast = decor_step_rdp(g, symmetry_min_nodes=0, **kw)  # type: ignore[arg-type]
+        degree = max(d for _, d in g.degree())
+        if 1 + 2 * degree * ratio**2 > FOURIER_MAX_COND:  # beyond: the exact paths
+            assert fast.method != "fourier+deletion"
+            assert fast.step_rdp == pytest.approx(oracle.step_rdp, rel=1e-9)
+            continue
+        assert fast.method == "fourier+deletion"
+        assert oracle.step_rdp <= fast.step_rdp <= oracle.step_rdp * (1 + 1e-8)

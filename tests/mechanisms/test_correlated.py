@@ -12,6 +12,7 @@ import torch
 from privdl.errors import ConfigError, GraphError, PrivacyError
 from privdl.mechanisms.correlated import (
     correlated_noise,
+    decor_noise,
     incidence_matrix,
     independent_noise,
     split_flat,
@@ -325,3 +326,34 @@ def test_noise_block_length_fits_the_budget() -> None:
     assert block_steps(streams=48, rows=16, size=101_770, budget=10 * per_step - 1) == 9
     assert block_steps(streams=48, rows=16, size=101_770, budget=1) == 1  # at least one step
     assert block_steps(streams=1, rows=1, size=10, budget=2**30) == 32  # at most 32
+
+
+def test_cpu_plan_reuse_gives_the_rows_of_a_fresh_draw_and_follows_changed_inputs() -> None:
+    # the CPU path keeps its plan (incident edges, key array, slots) while the same edge-key
+    # tuple, edges, rows and node keys come back; anything else rebuilds it
+    from privdl.mechanisms import correlated as cor
+
+    edges = np.array([(i, (i + 1) % 12) for i in range(12)])
+    edges = np.sort(edges, axis=1)
+    secrets = tuple(agree_edge_secrets(edges, 12, seed=3).edge_keys())
+    nkeys = node_noise_keys(range(12), seed=3)
+    kw = dict(sigma_cor=2.0, sigma_cdp=0.5, backend="aes-ziggurat")
+
+    def fresh(*args, **extra):
+        cor._PLAN.clear()
+        return decor_noise(*args, **kw, **extra)
+
+    first = decor_noise(secrets, edges, 12, nkeys, 4, 9, **kw)
+    again = decor_noise(secrets, edges, 12, nkeys, 5, 9, **kw)  # reused plan, next step
+    assert torch.equal(again, fresh(secrets, edges, 12, nkeys, 5, 9))
+    assert torch.equal(first, fresh(secrets, edges, 12, nkeys, 4, 9))
+    other = tuple(agree_edge_secrets(edges, 12, seed=4).edge_keys())  # new keys: new rows
+    assert not torch.equal(decor_noise(other, edges, 12, nkeys, 4, 9, **kw), first)
+    shard = decor_noise(secrets, edges, 12, nkeys[3:6], 4, 9, nodes=[3, 4, 5], **kw)
+    assert torch.equal(shard, first[3:6])
+    listed = list(secrets)  # a mutable list is never trusted from one call to the next
+    decor_noise(listed, edges, 12, nkeys, 4, 9, **kw)
+    listed[0] = other[0]
+    assert torch.equal(
+        decor_noise(listed, edges, 12, nkeys, 4, 9, **kw), fresh(listed, edges, 12, nkeys, 4, 9)
+    )

@@ -235,3 +235,19 @@ def test_node_noise_keys_depend_only_on_seed_session_and_node() -> None:
     assert len(set(full)) == 16 and all(len(k) == 32 for k in full)
     assert node_noise_keys([0], seed=11, session_id="q") != full[:1]
     assert node_noise_keys([0]) != node_noise_keys([0])
+
+
+def test_disagreement_seen_only_at_the_second_endpoint_is_detected() -> None:
+    # node 1 (the second endpoint of edge (0, 1) to be visited) receives a forged key for node 0:
+    # the edge's one exchange was made at node 0 with the right keys, so only the comparison of
+    # node 1's received key with node 0's published one can catch it
+    class LateTampering(LocalKeyTransport):
+        def collect(self, node: int) -> dict[int, bytes]:
+            out = dict(super().collect(node))
+            if node == 1:
+                forged = X25519PrivateKey.generate().public_key()
+                out[0] = forged.public_bytes(Encoding.Raw, PublicFormat.Raw)
+            return out
+
+    with pytest.raises(PrivacyError, match="different secrets"):
+        agree_edge_secrets(RING, 16, transport=LateTampering(RING, 16))

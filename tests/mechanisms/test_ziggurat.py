@@ -223,3 +223,32 @@ def test_without_numba_auto_is_chacha20_and_aes_ziggurat_is_a_clear_error(monkey
     assert resolve_backend("auto", "cpu") == "chacha20"
     with pytest.raises(PrivacyError, match="needs numba"):
         resolve_backend("aes-ziggurat", "cpu")
+
+
+# ------------------------------------------------- AES inside the kernel (issue 37, 10^5 nodes)
+def test_aes_tables_and_key_schedule_follow_fips_197() -> None:
+    from privdl.mechanisms._aes import aes256_key_schedule, aes256_tables
+
+    sbox, te = aes256_tables()
+    assert (sbox[0], sbox[0x53], sbox[0xFF]) == (0x63, 0xED, 0x16)  # FIPS 197 Figure 7
+    assert te[0, 0] == 0xC66363A5 and te[1, 0] == 0xA5C66363
+    # FIPS 197 Appendix A.3: the first and last words of the expanded 256-bit key
+    key = bytes.fromhex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4")
+    w = aes256_key_schedule(key)
+    assert (w[8], w[9], w[59]) == (0x9BA35411, 0x8E6925AF, 0x706C631E)
+
+
+@pytest.mark.parametrize("size", [1, 5, 124, 700])
+def test_batched_rows_equal_the_openssl_rows_bitwise(size: int) -> None:
+    rng = np.random.default_rng(size)
+    keys = [bytes(rng.integers(0, 256, 32, dtype=np.uint8)) for _ in range(64)]
+    for counter, substream in ((0, 0), (9, 2), (2**63 + 11, 2**32 - 1)):
+        openssl = zig._ziggurat_rows_openssl(keys, counter, size, substream=substream)
+        batched = zig.ziggurat_rows_batched(keys, counter, size, substream=substream)
+        short = zig.ziggurat_rows_batched(keys, counter, size, substream=substream, _words=4)
+        split = zig.ziggurat_rows_batched(keys, counter, size, substream=substream, workers=3)
+        assert openssl.tobytes() == batched.tobytes() == short.tobytes() == split.tobytes()
+    assert np.array_equal(  # and the documented keystream, read by the one-sample reference
+        batched[0, : min(size, 40)],
+        np.float32(_reference(_ecb_words(keys[0], counter, substream, 4096), min(size, 40))[0]),
+    )

@@ -51,6 +51,48 @@ def shift_invariant(n: int, edges: np.ndarray) -> bool:
     )
 
 
+def translation_shape(n: int, edges: np.ndarray) -> tuple[int, int] | None:
+    """``(r, c)`` with ``r c = n`` when the translations of the row-major ``r x c`` layout
+    (vertex ``i`` at ``(i // c, i % c)``; ``(a, b) -> (a + 1, b)`` and ``(a, b) -> (a, b + 1)``,
+    both mod the shape) are automorphisms; None when no such shape exists. ``(1, n)`` is the
+    circulant case of :func:`shift_invariant` and is tried first; then every divisor ``c`` of
+    ``n``, so a torus ``r x c`` in row-major order is found. The translations then form the group
+    ``Z_r x Z_c`` acting simply transitively on the vertices (the graph is a Cayley graph of it,
+    Sabidussi 1958), so every vertex set can be moved onto one containing vertex 0 and every
+    diagonal entry of a matrix built from the Laplacian alone is the same. Each candidate is
+    screened on vertex 0's neighbours, then checked on the whole edge set (O(m log m))."""
+    if n <= 1:
+        return (1, max(n, 1))
+    e = np.sort(edges, axis=1)
+    codes = np.sort(e[:, 0] * n + e[:, 1])
+    src = np.concatenate([edges[:, 0], edges[:, 1]])
+    dst = np.concatenate([edges[:, 1], edges[:, 0]])[np.argsort(src, kind="stable")]
+    ptr = np.searchsorted(np.sort(src), np.arange(n + 1))
+
+    def neighbours(v: int) -> np.ndarray:
+        return np.sort(dst[ptr[v] : ptr[v + 1]])
+
+    zero = neighbours(0)
+
+    def automorphism(move) -> bool:  # type: ignore[no-untyped-def]
+        if not np.array_equal(np.sort(move(zero)), neighbours(int(move(np.zeros(1, np.int64))[0]))):
+            return False
+        image = np.sort(move(edges), axis=1)
+        return bool(np.array_equal(codes, np.sort(image[:, 0] * n + image[:, 1])))
+
+    for c in [n] + [c for c in range(n // 2, 1, -1) if n % c == 0]:
+
+        def along(x: np.ndarray, c: int = c) -> np.ndarray:
+            return (x // c) * c + (x % c + 1) % c
+
+        def across(x: np.ndarray, c: int = c) -> np.ndarray:
+            return (x + c) % n
+
+        if automorphism(along) and (c == n or automorphism(across)):
+            return (n // c, c)
+    return None
+
+
 def laplacian(n: int, edges: np.ndarray, keep: np.ndarray | None = None) -> sp.csr_matrix:
     """Laplacian of the graph induced on ``keep`` (a boolean mask; None = all nodes).
 

@@ -50,7 +50,7 @@ from privdl.accounting._graph import (
     algebraic_connectivity,
     edge_array,
     laplacian,
-    shift_invariant,
+    translation_shape,
 )
 from privdl.accounting._sigma_inverse import (
     deletion_maxima,
@@ -64,10 +64,21 @@ MAX_SUBSETS = 100_000
 DENSE_LIMIT = 2000
 #: From this many nodes the sparse path of Algorithm 3 (q >= 1) enumerates only the colluding
 #: sets that contain vertex 0 when the graph is circulant in its labelling (a ring: n times
-#: fewer sets; :func:`~privdl.accounting._graph.shift_invariant`). Below it every set is
+#: fewer sets; :func:`~privdl.accounting._graph.shift_invariant`), and likewise on a torus in
+#: row-major order (its translations, :func:`~privdl.accounting._graph.translation_shape`). Below
+#: it every set is
 #: enumerated, as before (the same numbers to the last bit: symmetric sets agree only up to
 #: rounding).
 SYMMETRY_MIN_NODES = 20_000
+#: The curious user on a translation-invariant graph (ring, torus) takes
+#: :func:`translation_deletion_diagonal` (FFT and a rank-deg update, no factorization) while the
+#: bound ``1 + 2 d sigma_cor^2 / sigma_cdp^2`` on the condition number of Sigma is at most this;
+#: beyond, the sparse selected inverse of ``G - 0`` (exact at any ratio, slower).
+FOURIER_MAX_COND = 1e4
+#: Relative amount the Fourier path's value is rounded up by: its update loses about cond^2 eps
+#: (the constant mode 1/(n sigma_cdp^2) cancels in ``N[i,i] - N[i,0]^2 / N[0,0]``), under 1e-11
+#: at the bound above; rounding up keeps it from ever reporting less than the exact value.
+FOURIER_ROUND_UP = 1e-9
 
 
 class PrivacyWarning(UserWarning):
@@ -179,7 +190,9 @@ def decor_step_rdp(
         symmetry_min_nodes: from this many nodes the sparse path of Alg 3 enumerates only the
             colluding sets containing vertex 0 on a graph that the cyclic shift maps onto
             itself (every other set is a shift of one of them: the same maximum); the method
-            is then labelled ``sparse-selinv+cyclic-symmetry``.
+            is then labelled ``sparse-selinv+cyclic-symmetry``. The same holds for the
+            translations of a row-major ``r x c`` torus (``sparse-selinv+translation-symmetry``;
+            the eavesdropper's value is then the closed form ``translation-invariant``).
 
     Returns:
         :class:`SecRdpStep`; each step is (alpha, alpha * step_rdp)-SecRDP for every alpha > 1.
@@ -193,7 +206,8 @@ def decor_step_rdp(
         return SecRdpStep(ldp_value, n - 1, "ldp", "ldp-closed-form", (), 0, True)
     if q >= n:
         raise PrivacyError(f"collusion level q = {q} must be smaller than n = {n}")
-    symmetric = q >= 1 and n >= symmetry_min_nodes and shift_invariant(n, edges)
+    shape = translation_shape(n, edges) if n >= symmetry_min_nodes else None
+    symmetric = q >= 1 and shape is not None
     count = _n_subsets(n - 1, q - 1) if symmetric else _n_subsets(n, q)
     if count > max_subsets and not force:
         raise PrivacyError(
@@ -205,13 +219,29 @@ def decor_step_rdp(
         keep[:q] = False
         disc = not _is_connected(n, edges, keep)
         return SecRdpStep(ldp_value, q, adv.label, "closed-form", tuple(range(q)), q, disc)
-    if q == 0 and n >= symmetry_min_nodes and shift_invariant(n, edges):
-        # circulant: every diagonal entry of Sigma^{-1} is the same, the mean of the inverse
-        # eigenvalues (one closed form, O(n deg), every term positive: exact at any ratio)
-        value = circulant_inverse_diagonal(n, edges, sigma_cdp, sigma_cor)
+    if q == 0 and shape is not None:
+        # vertex-transitive by translations: every diagonal entry of Sigma^{-1} is the same, the
+        # mean of the inverse eigenvalues (one closed form, O(n deg), every term positive: exact
+        # at any ratio)
+        if shape[0] == 1:
+            value, label = circulant_inverse_diagonal(n, edges, sigma_cdp, sigma_cor), "circulant"
+        else:
+            value = torus_inverse_diagonal(n, edges, shape, sigma_cdp, sigma_cor)
+            label = "translation-invariant"
         disc = not _is_connected(n, edges, np.ones(n, dtype=bool))
         value = min(value, 1.0 / sigma_cdp**2)
-        return SecRdpStep(2.0 * clip**2 * value, 0, adv.label, "circulant", (), 0, disc)
+        return SecRdpStep(2.0 * clip**2 * value, 0, adv.label, label, (), 0, disc)
+    if q == 1 and shape is not None and method == "auto":
+        keep = np.ones(n, dtype=bool)
+        keep[0] = False
+        degree = int(np.count_nonzero(edges == 0))
+        if 1.0 + 2.0 * degree * sigma_cor**2 / sigma_cdp**2 <= FOURIER_MAX_COND and _is_connected(
+            n, edges, keep
+        ):
+            value, worst_node = translation_deletion_diagonal(n, edges, shape, sigma_cdp, sigma_cor)
+            value = min(value * (1.0 + FOURIER_ROUND_UP), 1.0 / sigma_cdp**2)
+            step = 2.0 * clip**2 * value
+            return SecRdpStep(step, 1, adv.label, "fourier+deletion", (0,), worst_node, False)
     if method == "auto":
         if n > dense_limit:
             method = "sparse-selinv"
@@ -229,7 +259,9 @@ def decor_step_rdp(
             n, edges, q, sigma_cdp, sigma_cor, dense=False, containing_zero=symmetric
         )
         if symmetric:
-            method = "sparse-selinv+cyclic-symmetry"
+            assert shape is not None
+            symmetry = "cyclic" if shape[0] == 1 else "translation"
+            method = f"sparse-selinv+{symmetry}-symmetry"
     else:
         raise PrivacyError(
             f"unknown method {method!r}; use auto, dense, dense+lowrank, sparse-selinv or naive"
@@ -263,6 +295,64 @@ def circulant_inverse_diagonal(
     j = np.arange(n, dtype=np.float64)[:, None]
     lam = (2.0 * np.sin(np.pi * j * offsets[None, :].astype(np.float64) / n) ** 2).sum(1)
     return float(np.mean(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)))
+
+
+def torus_inverse_diagonal(
+    n: int, edges: np.ndarray, shape: tuple[int, int], sigma_cdp: float, sigma_cor: float
+) -> float:
+    """The (common) diagonal entry of ``(sigma_cdp^2 I + sigma_cor^2 L)^{-1}`` for a graph whose
+    row-major ``r x c`` translations are automorphisms (:func:`~privdl.accounting._graph.
+    translation_shape`; a torus): it is a Cayley graph of ``Z_r x Z_c`` whose connection set ``D``
+    is vertex 0's neighbours ``(d_1, d_2) = (v // c, v % c)``, so the characters diagonalise ``L``
+    with eigenvalues ``lambda_ab = sum_{d in D} 2 sin^2(pi (a d_1 / r + b d_2 / c))`` (Babai 1979,
+    spectra of Cayley graphs; the block-circulant case of Gray 2006, Sec. 3.1) and the entry is
+    their inverse mean, as in :func:`circulant_inverse_diagonal`."""
+    r, c = shape
+    offsets = np.concatenate([edges[edges[:, 0] == 0, 1], edges[edges[:, 1] == 0, 0]])
+    d1 = (offsets // c).astype(np.float64)[None, :]
+    d2 = (offsets % c).astype(np.float64)[None, :]
+    a = np.repeat(np.arange(r, dtype=np.float64), c)[:, None]
+    b = np.tile(np.arange(c, dtype=np.float64), r)[:, None]
+    lam = (2.0 * np.sin(np.pi * (a * d1 / r + b * d2 / c)) ** 2).sum(1)
+    return float(np.mean(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)))
+
+
+def translation_deletion_diagonal(
+    n: int, edges: np.ndarray, shape: tuple[int, int], sigma_cdp: float, sigma_cor: float
+) -> tuple[float, int]:
+    """``max_i [Sigma_I^{-1}]_ii`` and its ``i`` for the curious user (``I = {0}``; any other
+    vertex gives the same maximum, :func:`~privdl.accounting._graph.translation_shape`) of a
+    graph whose ``r x c`` translations are automorphisms, in O(n log n + n deg^2), no
+    factorization.
+
+    ``N = Sigma^{-1}`` of the whole graph is a convolution on ``Z_r x Z_c``: ``N_ij = f(i - j)``
+    with ``f`` the inverse 2-D DFT of the eigenvalues ``1 / (sigma_cdp^2 + sigma_cor^2
+    lambda_ab)`` (:func:`torus_inverse_diagonal`). Deleting vertex 0 removes its row and column,
+    whose inverse is ``B = N[-0,-0] - N[-0,0] N[0,-0] / N[0,0]`` (the block inverse), and lowers
+    the degree of each neighbour ``s in S`` by one: ``Sigma_I = Sigma[-0,-0] - sigma_cor^2 E_S
+    E_S^T``, so by Woodbury ``Sigma_I^{-1} = B + B E_S (I / sigma_cor^2 - B_SS)^{-1} E_S^T B``
+    (the same update as the ``dense+lowrank`` path, here on an implicit ``B``). The caller keeps
+    the conditioning bound ``1 + 2 d sigma_cor^2 / sigma_cdp^2`` below
+    :data:`FOURIER_MAX_COND`, where the update loses no more than rounding."""
+    r, c = shape
+    offsets = np.concatenate([edges[edges[:, 0] == 0, 1], edges[edges[:, 1] == 0, 0]])
+    d1, d2 = offsets // c, offsets % c
+    a = np.arange(r, dtype=np.float64)[:, None, None]
+    b = np.arange(c, dtype=np.float64)[None, :, None]
+    lam = (2.0 * np.sin(np.pi * (a * d1 / r + b * d2 / c)) ** 2).sum(-1)
+    f = np.fft.ifft2(1.0 / (sigma_cdp**2 + sigma_cor**2 * lam)).real  # f[x] = N[x, 0]
+    f0 = f[0, 0]
+    column = [
+        np.roll(f, (int(s1), int(s2)), axis=(0, 1)).ravel() for s1, s2 in zip(d1, d2, strict=True)
+    ]
+    flat = f.ravel()
+    b_cols = np.stack(column, axis=1) - np.outer(flat, flat[offsets]) / f0  # B[:, s], (n, deg)
+    b_ss = b_cols[offsets]
+    capacitance = np.eye(len(offsets)) / sigma_cor**2 - b_ss
+    diag = f0 - flat**2 / f0 + np.einsum("is,is->i", b_cols @ np.linalg.inv(capacitance), b_cols)
+    diag[0] = -np.inf  # vertex 0 is the colluder
+    worst = int(np.argmax(diag))
+    return float(diag[worst]), worst
 
 
 def _enumerate(

@@ -28,9 +28,17 @@ from privdl.mechanisms.fused_noise import (
     prefetched_decor_noise,
 )
 from privdl.mechanisms.noise_design import NoiseDesign
-from privdl.mechanisms.prng import NormalBackend, normal_streams
+from privdl.mechanisms.prng import (
+    _PARALLEL_BYTES as _PARALLEL_ZIGGURAT_BYTES,
+)
+from privdl.mechanisms.prng import (
+    NormalBackend,
+    _check_keys,
+    normal_streams,
+    resolve_backend,
+)
 from privdl.mechanisms.secrets import as_edge_array
-from privdl.mechanisms.ziggurat import jit
+from privdl.mechanisms.ziggurat import BATCHED_MAX_SIZE, jit, key_array_rows
 
 _MAX_THREADS = 8
 _PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a pool
@@ -164,6 +172,7 @@ def _signed_sum_cpu(
     use_cor: bool = True,
     node_first: int = -1,
     cdp_scale: float = 0.0,
+    slots: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """CPU path of :func:`_accumulate_signed` followed by ``out *= scale``, in one pass; with
     ``node_first >= 0`` it also adds ``cdp_scale * z[node_first + r]`` to row r (DECOR's own noise,
@@ -174,8 +183,9 @@ def _signed_sum_cpu(
     whatever other rows are computed; columns are split over the worker pool (elementwise, so the
     split changes nothing).
     """
-    ends, slot_edge, sign = row_slots(lower, upper)
-    indptr = np.searchsorted(ends, np.arange(out.shape[0] + 1)).astype(np.int64)
+    if slots is None:
+        slots = _slots(lower, upper, out.shape[0])
+    indptr, slot_edge, sign = slots
     zn, on = z.numpy(), out.numpy()
     kind = on.dtype.type  # the multiplies happen in the working dtype
     kernel = _signed_sum_kernel()
@@ -184,6 +194,14 @@ def _signed_sum_cpu(
     bounds = np.linspace(0, size, workers + 1).astype(np.int64)
     args = (zn, indptr, slot_edge, sign, use_cor, kind(scale), node_first, kind(cdp_scale), on)
     run_parallel(lambda j: kernel(*args, bounds[j], bounds[j + 1]), workers)
+
+
+def _slots(
+    lower: np.ndarray, upper: np.ndarray, n_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indptr, slot_edge, sign)`` of :func:`~privdl.mechanisms._edges.row_slots` by row."""
+    ends, slot_edge, sign = row_slots(lower, upper)
+    return np.searchsorted(ends, np.arange(n_rows + 1)).astype(np.int64), slot_edge, sign
 
 
 def _accumulate_signed(
@@ -361,33 +379,122 @@ def _decor_noise_cpu(
     single :func:`normal_streams` call (one batch for the worker pool) and combined by one kernel,
     with the values of ``correlated_noise(...) + independent_noise(...)`` bit for bit (each row is
     a pure function of its key, and the kernel does the composed path's float ops in order)."""
-    lower = upper = np.zeros(0, dtype=np.int64)
-    keys: list[bytes] = []
-    if sigma_cor > 0:
-        array = as_edge_array(edges, n_nodes)
-        if len(edge_keys) != len(array):
-            raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
-        rows, lower, upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
-        n_rows = len(rows)
-    else:
-        n_rows = len(node_keys)
-    if sigma_cdp > 0 and len(node_keys) != n_rows:
-        raise ConfigError(f"got {len(node_keys)} node noise keys for {n_rows} rows")
-    streams = keys + list(node_keys) if sigma_cdp > 0 else keys
-    out = torch.zeros((n_rows, size), dtype=dtype)
-    if size and streams:
-        z = normal_streams(streams, counter, size, dtype=dtype, backend=backend)
+    plan = _cpu_plan(edge_keys, edges, n_nodes, node_keys, nodes, sigma_cor > 0, sigma_cdp > 0)
+    out = torch.zeros((plan.n_rows, size), dtype=dtype)
+    if size and plan.streams:
+        if resolve_backend(backend, "cpu") == "aes-ziggurat" and size <= BATCHED_MAX_SIZE:
+            # the prepared keys go straight to the kernel normal_streams would call (same rows)
+            key_array = plan.key_array()
+            big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES
+            workers = min(len(key_array), _MAX_THREADS, usable_cpus()) if big else 1
+            rows = key_array_rows(key_array, counter, size, workers=workers)
+            z = torch.from_numpy(rows).to(dtype=dtype)
+        else:
+            z = normal_streams(plan.streams, counter, size, dtype=dtype, backend=backend)
         _signed_sum_cpu(
             out,
             z,
-            lower,
-            upper,
+            plan.lower,
+            plan.upper,
             sigma_cor,
             use_cor=sigma_cor > 0,
-            node_first=len(keys) if sigma_cdp > 0 else -1,
+            node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
             cdp_scale=sigma_cdp,
+            slots=plan.slots(),
         )
     return out
+
+
+class _CpuPlan:
+    """What a CPU DECOR draw needs besides the step counter, a pure function of the keys, the
+    edges and the rows: the incident edges, the streams' keys (checked) as one array, and each
+    row's signed slots. Built once and reused while the same keys and edges come back (every
+    step of a run: at 10^5 nodes it took seconds a step to rebuild)."""
+
+    def __init__(
+        self,
+        edge_keys: Sequence[bytes | None],
+        edges: Any,
+        n_nodes: int,
+        node_keys: Sequence[bytes],
+        nodes: Sequence[int] | None,
+        use_cor: bool,
+        use_cdp: bool,
+    ) -> None:
+        self.lower = self.upper = np.zeros(0, dtype=np.int64)
+        keys: list[bytes] = []
+        if use_cor:
+            array = as_edge_array(edges, n_nodes)
+            if len(edge_keys) != len(array):
+                raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
+            rows, self.lower, self.upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
+            self.n_rows = len(rows)
+        else:
+            self.n_rows = len(node_keys)
+        if use_cdp and len(node_keys) != self.n_rows:
+            raise ConfigError(f"got {len(node_keys)} node noise keys for {self.n_rows} rows")
+        self.n_edge_streams = len(keys)
+        self.streams = keys + list(node_keys) if use_cdp else keys
+        self.source = (edge_keys, edges, n_nodes, list(node_keys), nodes, use_cor, use_cdp)
+        self._edges_copy = np.array(edges, dtype=np.int64).reshape(-1, 2)
+        self._key_array: np.ndarray | None = None
+        self._slots: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def matches(
+        self,
+        edge_keys: Sequence[bytes | None],
+        edges: Any,
+        n_nodes: int,
+        node_keys: Sequence[bytes],
+        nodes: Sequence[int] | None,
+        use_cor: bool,
+        use_cdp: bool,
+    ) -> bool:
+        """The same inputs: the same (immutable) edge-key tuple object, equal edges, rows and
+        node keys (compared by value: cheap next to a rebuild)."""
+        keys0, _, n0, node_keys0, nodes0, cor0, cdp0 = self.source
+        if not (isinstance(edge_keys, tuple) and edge_keys is keys0):
+            return False
+        if (n0, cor0, cdp0) != (n_nodes, use_cor, use_cdp) or list(node_keys) != node_keys0:
+            return False
+        if (nodes0 is None) != (nodes is None) or (
+            nodes is not None and list(nodes) != list(nodes0)  # type: ignore[arg-type]
+        ):
+            return False
+        given = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        return bool(np.array_equal(given, self._edges_copy))
+
+    def key_array(self) -> np.ndarray:
+        if self._key_array is None:
+            checked = _check_keys(self.streams)
+            self._key_array = np.frombuffer(b"".join(checked), dtype=np.uint8).reshape(-1, 32)
+        return self._key_array
+
+    def slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._slots is None:
+            self._slots = _slots(self.lower, self.upper, self.n_rows)
+        return self._slots
+
+
+_PLAN: list[_CpuPlan] = []  # the last plan (one entry; replaced atomically)
+
+
+def _cpu_plan(
+    edge_keys: Sequence[bytes | None],
+    edges: Any,
+    n_nodes: int,
+    node_keys: Sequence[bytes],
+    nodes: Sequence[int] | None,
+    use_cor: bool,
+    use_cdp: bool,
+) -> _CpuPlan:
+    args = (edge_keys, edges, n_nodes, node_keys, nodes, use_cor, use_cdp)
+    last = _PLAN[0] if _PLAN else None
+    if last is not None and last.matches(*args):
+        return last
+    plan = _CpuPlan(*args)
+    _PLAN[:] = [plan]
+    return plan
 
 
 def _designed_noise(

@@ -88,6 +88,14 @@ def _check_key(key: bytes) -> bytes:
     return bytes(key)
 
 
+def _check_keys(keys: Sequence[bytes]) -> Sequence[bytes]:
+    """:func:`_check_key` for every key, without a Python call per key where they are all
+    ``bytes`` of the right length (the usual case: hundreds of thousands of keys a step)."""
+    if not keys or (set(map(type, keys)) == {bytes} and set(map(len, keys)) == {KEY_BYTES}):
+        return keys
+    return [_check_key(key) for key in keys]
+
+
 def _nonce(counter: int, substream: int) -> bytes:
     """16-byte ChaCha20 IV for `cryptography`: 4-byte LE block counter 0, then the 96-bit nonce."""
     if not 0 <= counter < _MAX_COUNTER:
@@ -417,7 +425,7 @@ def _have_numba() -> bool:
 def _ziggurat_normals(
     keys: Sequence[bytes], counter: int, size: int, substream: int, device: torch.device
 ) -> torch.Tensor:
-    checked = [_check_key(key) for key in keys]
+    checked = _check_keys(keys)
     big = len(checked) * size * 4 >= _PARALLEL_BYTES
     workers = min(len(checked), _MAX_WORKERS, usable_cpus()) if big else 1
     rows = ziggurat_rows(checked, counter, size, substream=substream, workers=workers)
