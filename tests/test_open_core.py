@@ -65,9 +65,8 @@ def _tiny(name: str) -> tuple[dict, UserObjects | None]:
         x, y = _tiny_data()
         opts = dict(task="user", model="linear", clients=4, steps=2, eval_every=1, dtype=D64,
                     lr=0.1, batch_size=8)  # fmt: skip
-        if recipe.private:  # RDP: one vectorised calibration (the tightest accountant's PLD
-            # calibration, ~1 s per client, is tested in tests/test_runner_federated.py)
-            opts.update(budgets="1,2,4,8", clip=1.0, accountant="rdp")
+        if recipe.private:
+            opts.update(budgets="1,2,4,8", clip=1.0)
         return opts, UserObjects(data=user_data((x, y)))
     if isinstance(recipe, PrivSGPRecipe):
         return {**ls, "clip": 1.0, "sigma": 0.3}, None

@@ -46,9 +46,7 @@ def test_vectorised_round_equals_per_client_loop() -> None:
     """One private round with heterogeneous N_i, b_i, eps_i == a one-sample-at-a-time loop that
     replays the documented random draws (Poisson rand, then randn per parameter)."""
     counts, b, eps = [40, 30, 50], (4, 8, 5), (1.0, 2.0, 4.0)
-    cfg = FederatedConfig(  # the z_i are read back: any calibration; RDP's is vectorised
-        batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5, calibration="rdp"
-    )
+    cfg = FederatedConfig(batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5)
     fl, model, params, x, y, data = _trainer(counts, cfg)
     state = fl.init(params, seed=11)
     new, info = fl.step(state)
@@ -107,11 +105,7 @@ def test_fedavg_one_full_step_is_sgd_on_the_union() -> None:
 
 def _noisy_trainer(eps, b, agg, *, n_per=64, **agg_kw):
     n = len(eps)
-    # RDP calibration (vectorised): these tests weigh updates; the default tightest calibration
-    # (PLD, ~1 s per distinct client) is test_default_calibration_is_the_accounted_one's
-    cfg = FederatedConfig(
-        batch_sizes=tuple(b), lr=0.01, rounds=5, epsilons=tuple(eps), calibration="rdp"
-    )
+    cfg = FederatedConfig(batch_sizes=tuple(b), lr=0.01, rounds=5, epsilons=tuple(eps))
     return _trainer([n_per] * n, cfg, agg, d=200, classes=10, **agg_kw)
 
 
@@ -149,9 +143,8 @@ def test_robust_hdp_ignores_reported_eps_weiavg_does_not() -> None:
         for agg in ("robust-hdp", "weiavg", "dpfedavg"):
             kw = {"max_iter": 100} if agg == "robust-hdp" else {}
             cfg = FederatedConfig(
-                batch_sizes=tuple(b), lr=0.01, rounds=3, epsilons=tuple(eps),
-                reported_epsilons=rep, calibration="rdp",
-            )  # fmt: skip
+                batch_sizes=tuple(b), lr=0.01, rounds=3, epsilons=tuple(eps), reported_epsilons=rep
+            )
             fl, _m, params, *_ = _trainer([64] * 4, cfg, agg, d=50, classes=4, **kw)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RPCANotConvergedWarning)
@@ -198,9 +191,7 @@ def test_partial_participation_and_budgets() -> None:
 
 
 def test_mineps_uses_smallest_eps_noise() -> None:
-    cfg = FederatedConfig(
-        batch_sizes=(8, 8, 8), lr=0.1, rounds=3, epsilons=(0.5, 1.0, 3.0), calibration="rdp"
-    )
+    cfg = FederatedConfig(batch_sizes=(8, 8, 8), lr=0.1, rounds=3, epsilons=(0.5, 1.0, 3.0))
     a, *_ = _trainer([40] * 3, cfg, "mineps")
     b, *_ = _trainer([40] * 3, cfg, "dpfedavg")
     assert np.all(a.noise_multipliers == b.noise_multipliers[0])
@@ -279,11 +270,7 @@ def _round_on(device: str, cfg: FederatedConfig, agg: str, **agg_kw):
     return fl, new, info, evaluate_clients(model, new.theta, data)
 
 
-# calibrated by RDP (one vectorised bisection): these rounds check devices, not the accountant
-# (the tightest calibration: test_default_calibration_is_the_accounted_one)
-_PRIVATE = FederatedConfig(
-    batch_sizes=(5, 6, 4, 8), lr=0.1, rounds=2, epsilons=(1, 2, 4, 8), calibration="rdp"
-)
+_PRIVATE = FederatedConfig(batch_sizes=(5, 6, 4, 8), lr=0.1, rounds=2, epsilons=(1, 2, 4, 8))
 _DETERMINISTIC = FederatedConfig(batch_sizes=(1,) * 4, lr=0.3, rounds=1, sampling="full")
 
 
@@ -360,9 +347,7 @@ def test_bucketed_round_equals_one_bucket() -> None:
     """Computing the clients class by class (each padded to its own widest batch) gives the
     same round as all clients padded to the widest batch of all."""
     counts, b, eps = [60, 40, 50, 45], (4, 16, 5, 12), (1.0, 2.0, 4.0, 3.0)
-    cfg = FederatedConfig(  # the same z_i either way: RDP's calibration is the vectorised one
-        batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5, calibration="rdp"
-    )
+    cfg = FederatedConfig(batch_sizes=b, lr=0.1, rounds=2, epsilons=eps, clip_norm=0.5)
     fl, _, params, *_ = _trainer(counts, cfg)
     assert len(fl.oracle.buckets) == 2
     bucketed, _ = fl.step(fl.init(params, seed=5))
