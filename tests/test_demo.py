@@ -12,7 +12,7 @@ from privdl.cli.main import main
 def test_demo_runs_four_methods_at_one_budget_and_reports(tmp_path, capsys):
     out = tmp_path / "demo"
     assert (
-        main(["demo", "--steps", "30", "--epsilon", "5", "--out", str(out), "--no-progress"]) == 0
+        main(["demo", "--steps", "10", "--epsilon", "5", "--out", str(out), "--no-progress"]) == 0
     )
     text = capsys.readouterr().out
     for name in ("dsgd", "cdp", "decor", "ldp"):
@@ -43,7 +43,7 @@ def test_demo_runs_four_methods_at_one_budget_and_reports(tmp_path, capsys):
 
 def test_demo_repeats_over_seeds_on_another_graph(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--steps", "10", "--seeds", "2", "--graph", "torus:3x3", "--out", str(out)]
+    argv = ["demo", "--steps", "4", "--seeds", "2", "--graph", "torus:3x3", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert (out / "decor" / "seed-2" / "summary.json").exists()

@@ -175,3 +175,22 @@ def test_bin_edges_come_from_the_training_file_only(a9a: A.A9a) -> None:
     both = np.concatenate([train.numeric["fnlwgt"], test.numeric["fnlwgt"]])
     assert not np.array_equal(A.quantile_upper_edges(both), a9a.bin_upper_edges["fnlwgt"])
     np.testing.assert_array_equal(a9a.x_test, A.encode_a9a(test, a9a.bin_upper_edges))
+
+
+def test_a_second_load_equals_a_fresh_rebuild_in_the_callers_own_arrays() -> None:
+    """load_a9a rebuilds once per file contents in a process: a later load equals a rebuild
+    made afresh (the uncached function) and hands out copies, so a caller that changes its
+    arrays changes no later load."""
+    first = A.load_a9a()
+    first.x_train[0] = 7.0
+    first.y_test[:] = 0.0
+    first.bin_upper_edges["age"][0] = -1.0
+    second = A.load_a9a()
+    (train, train_where), (test, test_where) = A._adult_texts(None, verify=True)
+    fresh = A._a9a_of.__wrapped__(train, test, train_where, test_where)
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(second, name), getattr(fresh, name))
+    assert second.bin_upper_edges.keys() == fresh.bin_upper_edges.keys()
+    for col, edges in fresh.bin_upper_edges.items():
+        np.testing.assert_array_equal(second.bin_upper_edges[col], edges)
+    assert not np.shares_memory(second.x_train, A.load_a9a().x_train)

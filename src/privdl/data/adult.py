@@ -12,6 +12,7 @@ The raw Adult files (CC BY 4.0, Becker & Kohavi 1996) ship inside the package
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from dataclasses import dataclass
@@ -238,15 +239,20 @@ def load_adult(
     (``DIR/adult/<file>`` or ``DIR/<file>``, ``.gz`` or plain), otherwise the copy embedded in the
     package. With ``verify`` the SHA-256 of the uncompressed contents must match the UCI files.
     """
-    tables = []
+    (train, train_where), (test, test_where) = _adult_texts(data_dir, verify=verify)
+    return parse_adult(train, source=train_where), parse_adult(test, source=test_where)
+
+
+def _adult_texts(data_dir: str | os.PathLike[str] | None, *, verify: bool) -> list[tuple[str, str]]:
+    """(text, where it came from) of adult.data and adult.test."""
+    texts = []
     for filename in ("adult.data", "adult.test"):
         data, where = _read_adult_file(filename, data_dir, verify=verify)
         try:
-            text = data.decode("ascii")
+            texts.append((data.decode("ascii"), where))
         except UnicodeDecodeError:
             raise DataError(f"{where} is not ASCII text (corrupt Adult file?)") from None
-        tables.append(parse_adult(text, source=where))
-    return tables[0], tables[1]
+    return texts
 
 
 def quantile_upper_edges(values: np.ndarray, n_bins: int = N_QUANTILE_BINS) -> np.ndarray:
@@ -302,7 +308,24 @@ def load_a9a(*, data_dir: str | os.PathLike[str] | None = None, verify: bool = T
     Bin edges come from the training file only. Labels: >50K -> +1, <=50K -> -1 (``y01_*`` give
     0/1). This is a rebuild, not LIBSVM's byte-identical file.
     """
-    train, test = load_adult(data_dir=data_dir, verify=verify)
+    (train, train_where), (test, test_where) = _adult_texts(data_dir, verify=verify)
+    a = _a9a_of(train, test, train_where, test_where)
+    return A9a(
+        x_train=a.x_train.copy(),
+        y_train=a.y_train.copy(),
+        x_test=a.x_test.copy(),
+        y_test=a.y_test.copy(),
+        bin_upper_edges={c: e.copy() for c, e in a.bin_upper_edges.items()},
+    )  # copies: a caller may change its arrays, the cached rebuild stays as built
+
+
+@functools.lru_cache(maxsize=2)
+def _a9a_of(train_text: str, test_text: str, train_where: str, test_where: str) -> A9a:
+    """The a9a rebuild of these Adult texts, made once per distinct contents in a process (the
+    parse takes ~0.5 s and every a9a run of a sweep asks again); the files are still read and
+    verified on every load."""
+    train = parse_adult(train_text, source=train_where)
+    test = parse_adult(test_text, source=test_where)
     edges = {c: quantile_upper_edges(train.numeric[c]) for c in QUANTILE_COLUMNS}
     return A9a(
         x_train=encode_a9a(train, edges),
