@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from launched_runs import metric_rows, resume_rank
 
 from privdl.algorithms.base import Keys, StepSize
 from privdl.algorithms.decor import Decor
@@ -292,20 +293,6 @@ def _torchrun_rank(rank: int, out: str) -> None:  # the `torchrun ... privdl lau
         raise SystemExit(code)
 
 
-def _resume_rank(rank: int, out: str) -> None:
-    from privdl.distributed_runner import run_worker
-
-    run_worker(None, out, resume=True, timeout_s=30, progress=False)
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_time")
-        r.pop("timestamp")
-    return rows
-
-
 def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, capfd, run_ranks):
     k = int(np.random.default_rng().integers(7, 55))  # a random step to die at
     killed = tmp_path / "killed"
@@ -329,14 +316,14 @@ def test_distributed_kill_and_resume_is_bit_identical(tmp_path, monkeypatch, cap
     lines = metrics.read_text().splitlines(keepends=True)
     assert json.loads(lines[-1])["step"] == saved
     metrics.write_text("".join(lines[:-1]))
-    assert run_ranks(2, _resume_rank, (str(killed),)) == [0, 0]
+    assert run_ranks(2, resume_rank, (str(killed),)) == [0, 0]
     ref = tmp_path / "ref"
     assert run_ranks(2, _torchrun_rank, (str(ref),)) == [0, 0]
     a, b = merged_shards(killed), merged_shards(ref)
     assert a["t"] == b["t"] == RUN["steps"]
     assert torch.equal(a["params"]["x"], b["params"]["x"])  # bit-identical
     # epsilon neither reset nor counted twice: every row (incl. privacy) equals the reference's
-    rows_killed, rows_ref = _rows(killed), _rows(ref)
+    rows_killed, rows_ref = metric_rows(killed), metric_rows(ref)
     assert [r["step"] for r in rows_killed] == list(range(0, RUN["steps"] + 1, 5))
     assert rows_killed == rows_ref
     summary = json.loads((killed / "summary.json").read_text())
@@ -356,7 +343,7 @@ def test_distributed_resume_is_refused_while_another_process_writes_the_run(tmp_
     sp_train(RUN, run_dir, progress=False, stop_after=10)
     before = (run_dir / "metrics.jsonl").read_bytes()
     with RunRecords(run_dir).exclusive():  # as if a single-process resume were still going
-        codes = run_ranks(2, _resume_rank, (str(run_dir),), timeout=60)
+        codes = run_ranks(2, resume_rank, (str(run_dir),), timeout=60)
     assert codes[0] not in (0, None) and codes[1] not in (0, None), codes
     assert (run_dir / "metrics.jsonl").read_bytes() == before
     assert not (run_dir / "summary.json").exists()
@@ -388,7 +375,7 @@ def test_single_process_kill_and_resume_is_bit_identical(tmp_path):
     a = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)
     b = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
     assert torch.equal(a["params"]["x"], b["params"]["x"])
-    assert _rows(tmp_path / "killed") == _rows(tmp_path / "full")
+    assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "full")
     assert resumed["final"]["privacy"] == full["final"]["privacy"]
 
 
@@ -459,12 +446,12 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
     cfg4 = json.loads((p4 / "config.json").read_text())
     (p4 / "config.json").write_text(json.dumps({**cfg4, "key_source": "seed"}))
     for run in (p1, p2, p4):
-        assert run_ranks(2, _resume_rank, (str(run),)) == [0, 0]
+        assert run_ranks(2, resume_rank, (str(run),)) == [0, 0]
     x1, x2, x4 = (merged_shards(r) for r in (p1, p2, p4))
     assert x1["t"] == x2["t"] == 20 and torch.equal(x1["params"]["x"], x2["params"]["x"])
     assert not torch.equal(x1["params"]["x"], x4["params"]["x"])  # the kept keys were used
     capfd.readouterr()
-    assert 0 not in run_ranks(3, _resume_rank, (str(p3),))
+    assert 0 not in run_ranks(3, resume_rank, (str(p3),))
     assert "resume it with --nproc 2" in capfd.readouterr().err
     for run, message in (
         (p5, "rank-1.pt is unreadable"),
@@ -472,5 +459,5 @@ def test_os_keys_under_launch_stay_with_their_rank_and_resume(tmp_path, capfd, r
         (p7, "rank-1.pt holds malformed keys"),
         (p8, "rank-1.pt holds another rank's keys"),
     ):
-        assert 0 not in run_ranks(2, _resume_rank, (str(run),))
+        assert 0 not in run_ranks(2, resume_rank, (str(run),))
         assert message in capfd.readouterr().err  # PrivdlError: one line under the CLI

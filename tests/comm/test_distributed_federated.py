@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launched_runs import metric_rows, resume_rank
 
 from privdl.cli.main import main as cli_main
 from privdl.loop import train as sp_train
@@ -41,14 +42,6 @@ RUN = {
     # step (about 1.5 s a client). RDP keeps both to a second.
     "accountant": "rdp",
 }
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_time")
-        r.pop("timestamp")
-    return rows
 
 
 #: What differs between a launched seeded run's privacy records and the simulator's: the label
@@ -88,12 +81,6 @@ def _params(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["params"]
 
 
-def _resume_rank(rank: int, out: str) -> None:
-    from privdl.distributed_runner import run_worker
-
-    run_worker(None, out, resume=True, timeout_s=30, progress=False)
-
-
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("single") / "run"
@@ -110,7 +97,7 @@ def test_launched_robust_hdp_equals_the_single_process_run(tmp_path, single, cap
     assert "clients' epsilons (each client's, delta=" in printed
     assert ", rdp, eavesdropper, example-level, add_remove): 1, 2, " in printed
     assert "not against the server" in printed and ", server," not in printed
-    _assert_rows_close(_rows(out), _rows(single))
+    _assert_rows_close(metric_rows(out), metric_rows(single))
     a, b = _params(out), _params(single)
     for k in b:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-12)
@@ -145,10 +132,10 @@ def test_killed_federated_launch_resumes_on_other_process_counts(
     assert torch.load(killed / "checkpoint.pt", weights_only=False)["t"] == (k // 2) * 2
     three = tmp_path / "three"
     shutil.copytree(killed, three)
-    assert run_ranks(3, _resume_rank, (str(three),)) == [0, 0, 0]  # shards 2/1/1
+    assert run_ranks(3, resume_rank, (str(three),)) == [0, 0, 0]  # shards 2/1/1
     assert cli_main(["run", "--resume", str(killed), "--no-progress"]) == 0  # one process
     for run in (three, killed):
-        _assert_rows_close(_rows(run), _rows(single))
+        _assert_rows_close(metric_rows(run), metric_rows(single))
         a, b = _params(run), _params(single)
         for name in b:
             torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
@@ -203,5 +190,5 @@ def test_launched_os_clients_keep_their_keys_from_the_server(tmp_path, run_ranks
     for f in server_files:
         data = f.read_bytes()
         assert not any(key in data or key.hex().encode() in data for key in theirs), f
-    final = _rows(out)[-1]["privacy"]
+    final = metric_rows(out)[-1]["privacy"]
     assert final["threat_model"] == "server" and "server cannot rebuild" in final["notes"]

@@ -10,12 +10,12 @@ SAGA table.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from launched_runs import metric_rows, resume_rank
 
 import privdl.distributed_runner  # noqa: F401 - imported once here; the forked ranks inherit it
 from privdl.cli.main import main as cli_main
@@ -43,20 +43,6 @@ def _rank(rank: int, out: str, stop_after: int | None = None) -> None:
     run_worker(RUN, out, timeout_s=30, progress=False, stop_after=stop_after)
 
 
-def _resume_rank(rank: int, out: str) -> None:
-    from privdl.distributed_runner import run_worker
-
-    run_worker(None, out, resume=True, timeout_s=30, progress=False)
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_time")
-        r.pop("timestamp")
-    return rows
-
-
 def _shards(run_dir: Path) -> dict[tuple[int, int, int], dict]:
     """Every rank's checkpoint (a test reads them all; no rank of the run does)."""
     files = RunRecords(run_dir).shard_files()
@@ -71,7 +57,7 @@ def test_each_rank_checkpoints_its_own_nodes_and_resumes_to_the_same_end(
     assert run_ranks(2, _rank, (str(cut), 6)) == [0, 0]  # stops after step 6: checkpoint 4
     assert not (cut / "checkpoint.pt").exists() and not (ref / "checkpoint.pt").exists()
     assert set(RunRecords(cut).shard_files()) == {(0, 2, 4), (1, 2, 4)}
-    assert run_ranks(2, _resume_rank, (str(cut),)) == [0, 0]
+    assert run_ranks(2, resume_rank, (str(cut),)) == [0, 0]
 
     a, b = _shards(cut), _shards(ref)
     assert set(a) == set(b) == {(0, 2, 12), (1, 2, 12)}  # older steps dropped
@@ -81,7 +67,7 @@ def test_each_rank_checkpoints_its_own_nodes_and_resumes_to_the_same_end(
         for name in ("params", "state"):
             for leaf, v in b[key][name].items():
                 assert torch.equal(a[key][name][leaf], v), (key, name, leaf)  # bit for bit
-    assert _rows(cut) == _rows(ref)
+    assert metric_rows(cut) == metric_rows(ref)
     for p in RunRecords(cut).shard_files().values():
         assert p.stat().st_mode & 0o777 == 0o600
 
@@ -122,7 +108,7 @@ def test_a_gathered_checkpoint_resumes_sharded_and_another_nproc_is_refused(
     assert run_ranks(2, _rank, (str(ref),)) == [0, 0]
     sp_train(RUN, old, progress=False, stop_after=6)
     assert (old / "checkpoint.pt").exists()
-    assert run_ranks(2, _resume_rank, (str(old),)) == [0, 0]
+    assert run_ranks(2, resume_rank, (str(old),)) == [0, 0]
     assert not (old / "checkpoint.pt").exists()
     a, b = _shards(old), _shards(ref)
     assert set(a) == set(b)
@@ -131,5 +117,5 @@ def test_a_gathered_checkpoint_resumes_sharded_and_another_nproc_is_refused(
     three = tmp_path / "three"
     assert run_ranks(2, _rank, (str(three), 6)) == [0, 0]
     capfd.readouterr()
-    assert 0 not in run_ranks(3, _resume_rank, (str(three),))
+    assert 0 not in run_ranks(3, resume_rank, (str(three),))
     assert "resume it with --nproc 2" in capfd.readouterr().err
