@@ -75,9 +75,10 @@ SYMMETRY_MIN_NODES = 20_000
 #: bound ``1 + 2 d sigma_cor^2 / sigma_cdp^2`` on the condition number of Sigma is at most this;
 #: beyond, the sparse selected inverse of ``G - 0`` (exact at any ratio, slower).
 FOURIER_MAX_COND = 1e4
-#: Relative amount the Fourier path's value is rounded up by: its update loses about cond^2 eps
-#: (the constant mode 1/(n sigma_cdp^2) cancels in ``N[i,i] - N[i,0]^2 / N[0,0]``), under 1e-11
-#: at the bound above; rounding up keeps it from ever reporting less than the exact value.
+#: Relative amount the Fourier path's value is rounded up by. Its update cancels (the constant
+#: mode 1/(n sigma_cdp^2) in ``N[i,i] - N[i,0]^2 / N[0,0]``); measured against one plain inverse
+#: per deleted vertex up to the bound above it stays within 8e-12 relative (docs/accounting.md),
+#: so rounding up by over 100 times that keeps it from reporting less than the exact value.
 FOURIER_ROUND_UP = 1e-9
 
 
