@@ -251,3 +251,49 @@ def test_disagreement_seen_only_at_the_second_endpoint_is_detected() -> None:
 
     with pytest.raises(PrivacyError, match="different secrets"):
         agree_edge_secrets(RING, 16, transport=LateTampering(RING, 16))
+
+
+def test_worker_processes_derive_the_same_secrets_as_one_process() -> None:
+    # the forked workers (forced on a small graph) against the in-process path, and both against
+    # the documented derivation through the public keys each endpoint published
+    edges = _edges(nx.random_regular_graph(3, 40, seed=5))
+    serial = agree_edge_secrets(edges, 40, seed=9, session_id="w", workers=1)
+    for workers in (2, 3):
+        pooled = agree_edge_secrets(edges, 40, seed=9, session_id="w", workers=workers)
+        assert pooled.edge_keys() == serial.edge_keys()
+        assert pooled.public_keys == serial.public_keys
+    assert len(set(serial.edge_keys())) == len(edges)
+    shard = agree_edge_secrets(
+        edges, 40, transport=_FullBoard(edges, 40, seed=9), nodes=range(20), seed=9,
+        session_id="w", workers=2,
+    )  # fmt: skip
+    for e, (u, v) in enumerate(edges.tolist()):
+        if u < 20 or v < 20:
+            assert shard.secret(e) == serial.secret(e)
+
+
+class _FullBoard(LocalKeyTransport):
+    """Every node's seeded public key already on the board (the other shard's included)."""
+
+    def __init__(self, edges: np.ndarray, n_nodes: int, *, seed: int) -> None:
+        super().__init__(edges, n_nodes)
+        full = agree_edge_secrets(edges, n_nodes, seed=seed, session_id="w", workers=1)
+        self._board.update(full.public_keys)
+
+
+def test_worker_processes_report_an_invalid_key_and_a_tampered_one() -> None:
+    class ZeroKeyTransport(_FullBoard):
+        def collect(self, node: int) -> dict[int, bytes]:
+            out = dict(super().collect(node))
+            if node == 30:
+                out[31] = bytes(32)  # small-order point, from a node of the other shard
+            return out
+
+    ring = _edges(nx.cycle_graph(40))
+    with pytest.raises(PrivacyError, match="node 30: invalid public key from node 31"):
+        agree_edge_secrets(
+            ring, 40, transport=ZeroKeyTransport(ring, 40, seed=9), nodes=range(31), seed=9,
+            session_id="w", workers=2,
+        )  # fmt: skip
+    with pytest.raises(PrivacyError, match="different secrets"):
+        agree_edge_secrets(RING, 16, transport=TamperingTransport(RING, 16), workers=2)
