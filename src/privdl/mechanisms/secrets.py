@@ -30,6 +30,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -65,9 +66,19 @@ def as_edge_array(edges: Any, n_nodes: int | None = None) -> np.ndarray:
         raise GraphError("each edge (u, v) must satisfy u < v (no self-loops, sorted endpoints)")
     if np.any(array < 0) or (n_nodes is not None and np.any(array >= n_nodes)):
         raise GraphError(f"edge endpoints must lie in [0, {n_nodes}); check the node numbering")
-    if len(np.unique(array, axis=0)) != len(array):
+    if len(array) > 1 and _has_duplicates(array):
         raise GraphError("edges contain duplicates; list each undirected edge once")
     return array
+
+
+def _has_duplicates(array: np.ndarray) -> bool:
+    """Whether an (E, 2) array of non-negative ids repeats a row (one sort of ``u * (max + 1) +
+    v``, exact while that fits in int64; rows compared otherwise)."""
+    top = int(array.max()) + 1
+    if top < 3_000_000_000:
+        flat = np.sort(array[:, 0] * top + array[:, 1])
+        return bool(np.any(flat[1:] == flat[:-1]))
+    return len(np.unique(array, axis=0)) != len(array)
 
 
 def _seed_bytes(seed: int | bytes) -> bytes:
@@ -88,6 +99,7 @@ def _hkdf(ikm: bytes, info: bytes) -> bytes:
 
 
 _HKDF_ZERO_SALT = bytes(32)  # RFC 5869 s.2.2: no salt is HashLen zero bytes
+_EDGE_IDS = struct.Struct(">QQ")  # u, v: 8 bytes each, big-endian
 
 
 def _node_id(node: int) -> bytes:
@@ -109,6 +121,16 @@ def edge_info(u: int, v: int, public_u: bytes, public_v: bytes, session_id: byte
     )
 
 
+def neighbour_lists(array: np.ndarray, n_nodes: int) -> dict[int, list[int]]:
+    """Each node's neighbours in the order of the edges that join them (one stable sort)."""
+    src = array.ravel()  # u0, v0, u1, v1, ...
+    dst = array[:, ::-1].ravel()
+    order = np.argsort(src, kind="stable")
+    bounds = np.searchsorted(src[order], np.arange(n_nodes + 1)).tolist()
+    flat = dst[order].tolist()
+    return {i: flat[bounds[i] : bounds[i + 1]] for i in range(n_nodes)}
+
+
 @runtime_checkable
 class KeyTransport(Protocol):
     """Carries public keys between neighbours; nothing else may cross it.
@@ -128,10 +150,7 @@ class LocalKeyTransport:
 
     def __init__(self, edges: Any, n_nodes: int) -> None:
         array = as_edge_array(edges, n_nodes)
-        self.neighbours: dict[int, list[int]] = {i: [] for i in range(n_nodes)}
-        for u, v in array.tolist():
-            self.neighbours[u].append(v)
-            self.neighbours[v].append(u)
+        self.neighbours = neighbour_lists(array, n_nodes)
         self._board: dict[int, bytes] = {}
         self.carried: list[tuple[str, int, int, bytes]] = []  # (kind, from, to, payload)
 
@@ -292,7 +311,7 @@ def agree_edge_secrets(
     local = (own_u & own_v)[mine]
     row = np.searchsorted(np.asarray(owned, dtype=np.int64), comp)  # comp's index in ``owned``
     blocks = _blocks(row, len(owned), _worker_count(workers, len(owned) + len(mine)))
-    scalars = [_private_scalar(i, seed, session) for i in owned]
+    scalars = _private_scalars(owned, seed, session)
     with _KeyPool(scalars, blocks) as pool:
         public_list = pool.public_keys()
         public = dict(zip(owned, public_list, strict=True))
@@ -306,20 +325,24 @@ def agree_edge_secrets(
             if authenticator is not None:  # verified before any exchange
                 got = {j: authenticator.open(j, key, session) for j, key in got.items()}
             received[i] = got
-        peer_keys = [
-            _received(received, i, j) for i, j in zip(comp.tolist(), peer.tolist(), strict=True)
-        ]
+        pairs = list(zip(comp.tolist(), peer.tolist(), strict=True))
+        try:
+            peer_keys = [bytes(received[i][j]) for i, j in pairs]
+        except KeyError:
+            peer_keys = [_received(received, i, j) for i, j in pairs]  # names the first missing
         # Both endpoints owned here: their two secrets agree exactly when each received the key
         # the other published (X25519 gives both the same shared point, RFC 7748 s.6.1, and HKDF
         # binds the key bytes), so the edge takes one exchange and the keys are compared.
         for k in np.flatnonzero(local).tolist():
-            i, j = int(comp[k]), int(peer[k])
+            i, j = pairs[k]
+            back = received[j].get(i)
+            if peer_keys[k] == public[j] and back is not None and bytes(back) == public[i]:
+                continue
             for a, b, key in ((i, j, peer_keys[k]), (j, i, _received(received, j, i))):
                 if key != public[b]:
                     # an invalid key is reported as such first
-                    _exchange(
-                        X25519PrivateKey.from_private_bytes(scalars[owned.index(a)]), key, a, b
-                    )
+                    at = scalars[owned.index(a)]
+                    _exchange(X25519PrivateKey.from_private_bytes(at), key, a, b)
                     raise PrivacyError(
                         f"edge ({min(a, b)}, {max(a, b)}): endpoints derived different secrets"
                     )
@@ -379,13 +402,17 @@ def _received(received: Mapping[int, Mapping[int, bytes]], i: int, j: int) -> by
         raise PrivacyError(f"node {i}: no public key received from neighbour {j}") from None
 
 
-def _private_scalar(node: int, seed: int | bytes | None, session_id: bytes) -> bytes:
-    """Node ``node``'s 32-byte X25519 private key (RFC 7748 s.5: clamped on use): OS randomness
-    by default; with ``seed`` derived from it (INSECURE, simulation only)."""
+def _private_scalars(
+    nodes: Sequence[int], seed: int | bytes | None, session_id: bytes
+) -> list[bytes]:
+    """The nodes' 32-byte X25519 private keys (RFC 7748 s.5: clamped on use): OS randomness by
+    default; with ``seed`` derived from it (INSECURE, simulation only). ``_hkdf(seed, info)``
+    per node, its extract step (the same for every node) made once."""
     if seed is None:
-        return os.urandom(32)
-    info = _NODE_KEY_LABEL + b"|node|" + _node_id(node) + b"|session|" + session_id
-    return _hkdf(_seed_bytes(seed), info)
+        return [os.urandom(32) for _ in nodes]
+    prk = hmac.digest(_HKDF_ZERO_SALT, _seed_bytes(seed), "sha256")
+    head, tail = _NODE_KEY_LABEL + b"|node|", b"|session|" + session_id + b"\x01"
+    return [hmac.digest(prk, head + _node_id(i) + tail, "sha256") for i in nodes]
 
 
 class _KeyBlock:
@@ -402,17 +429,21 @@ class _KeyBlock:
         session, rows, us, vs, comps, peer_keys, own_keys = task
         cache: dict[bytes, X25519PublicKey] = {}
         out = []
+        keys, digest, pack, salt = self.keys, hmac.digest, _EDGE_IDS.pack, _HKDF_ZERO_SALT
+        head, tail = EDGE_SECRET_LABEL + b"|edge|", b"|session|" + session + b"\x01"
         for r, u, v, i, key_j, key_i in zip(rows, us, vs, comps, peer_keys, own_keys, strict=True):
             peer_key = cache.get(key_j)
             if peer_key is None:
                 peer_key = cache[key_j] = X25519PublicKey.from_public_bytes(key_j)
             try:
-                shared = self.keys[r].exchange(peer_key)
+                shared = keys[r].exchange(peer_key)
             except ValueError as exc:
                 j = v if i == u else u
                 raise PrivacyError(f"node {i}: invalid public key from node {j}: {exc}") from None
-            key_u, key_v = (key_i, key_j) if i == u else (key_j, key_i)
-            out.append(_hkdf(shared, edge_info(u, v, key_u, key_v, session)))
+            keys_uv = key_i + key_j if i == u else key_j + key_i
+            # _hkdf(shared, edge_info(u, v, key_u, key_v, session)), written out
+            prk = digest(salt, shared, "sha256")
+            out.append(digest(prk, head + pack(u, v) + b"|keys|" + keys_uv + tail, "sha256"))
         return b"".join(out)
 
 
