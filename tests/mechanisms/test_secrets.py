@@ -297,3 +297,18 @@ def test_worker_processes_report_an_invalid_key_and_a_tampered_one() -> None:
         )  # fmt: skip
     with pytest.raises(PrivacyError, match="different secrets"):
         agree_edge_secrets(RING, 16, transport=TamperingTransport(RING, 16), workers=2)
+
+
+def test_worker_count_follows_the_work_the_cpus_and_the_ranks_sharing_them(monkeypatch) -> None:
+    from privdl.mechanisms.secrets import PARALLEL_MIN_OPERATIONS, _worker_count
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert _worker_count(None, PARALLEL_MIN_OPERATIONS - 1) == 1
+    assert _worker_count(None, PARALLEL_MIN_OPERATIONS) == cpus
+    assert _worker_count(3, 10) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))  # more ranks here than CPUs
+    assert _worker_count(None, 10**6) == 1
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(PrivacyError, match="workers"):
+            _worker_count(bad, 10)  # type: ignore[arg-type]

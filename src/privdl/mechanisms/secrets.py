@@ -288,7 +288,8 @@ def agree_edge_secrets(
 
     ``workers``: processes sharing the public-key arithmetic (the key pairs and the exchanges,
     split into contiguous blocks of owned nodes; the extra ones forked from this process). None
-    picks one per available CPU when the work is at least :data:`PARALLEL_MIN_OPERATIONS`
+    picks one per available CPU (shared with the other ranks of a launched run on this machine)
+    when the work is at least :data:`PARALLEL_MIN_OPERATIONS`
     scalar multiplications, else 1 (in-process). The secrets are the same for every value.
     """
     array = as_edge_array(edges, n_nodes)
@@ -371,8 +372,8 @@ def agree_edge_secrets(
 
 
 #: Below this many scalar multiplications (key pairs + exchanges) ``workers=None`` stays in one
-#: process: forking and the pipes would cost more than the arithmetic they share (docs/engine.md,
-#: "100,000 nodes on a CPU").
+#: process: forking and the pipes would cost more than the arithmetic they share (measured on 2
+#: loaded cores: two workers break even at 5,000-10,000; docs/engine.md, "100,000 nodes on a CPU").
 PARALLEL_MIN_OPERATIONS = 20_000
 
 
@@ -383,7 +384,11 @@ def _worker_count(workers: int | None, operations: int) -> int:
         return workers
     if operations < PARALLEL_MIN_OPERATIONS:
         return 1
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    # the processes of a launched run on this machine share its CPUs (torchrun and privdl launch
+    # set LOCAL_WORLD_SIZE)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, cpus // max(1, int(local) if local.isdigit() else 1))
 
 
 def _blocks(row: np.ndarray, n_owned: int, count: int) -> list[tuple[int, int]]:
