@@ -312,3 +312,10 @@ def test_worker_count_follows_the_work_the_cpus_and_the_ranks_sharing_them(monke
     for bad in (0, -1, True, 1.5):
         with pytest.raises(PrivacyError, match="workers"):
             _worker_count(bad, 10)  # type: ignore[arg-type]
+
+
+def test_more_workers_than_owned_nodes_still_cover_every_edge() -> None:
+    one_edge = np.array([[0, 1]], dtype=np.int64)
+    single = agree_edge_secrets(one_edge, 2, seed=3, workers=1)
+    assert agree_edge_secrets(one_edge, 2, seed=3, workers=5).edge_keys() == single.edge_keys()
+    assert len(agree_edge_secrets(np.zeros((0, 2), np.int64), 3, seed=3, workers=4)) == 0

@@ -394,10 +394,12 @@ def _worker_count(workers: int | None, operations: int) -> int:
 def _blocks(row: np.ndarray, n_owned: int, count: int) -> list[tuple[int, int]]:
     """``count`` contiguous blocks of owned-node rows, each about the same number of scalar
     multiplications (one per key pair, one per edge derived at that node)."""
+    if count == 1 or n_owned < 2:
+        return [(0, n_owned)]
     cost = 1 + np.bincount(row, minlength=n_owned)
     cuts = np.searchsorted(np.cumsum(cost), np.arange(1, count) * cost.sum() / count)
-    bounds = [0, *sorted(set(np.clip(cuts, 1, max(n_owned - 1, 1)).tolist())), n_owned]
-    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a] or [(0, 0)]
+    bounds = [0, *sorted(set(np.clip(cuts, 1, n_owned - 1).tolist())), n_owned]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
 
 
 def _received(received: Mapping[int, Mapping[int, bytes]], i: int, j: int) -> bytes:
