@@ -251,3 +251,71 @@ def test_disagreement_seen_only_at_the_second_endpoint_is_detected() -> None:
 
     with pytest.raises(PrivacyError, match="different secrets"):
         agree_edge_secrets(RING, 16, transport=LateTampering(RING, 16))
+
+
+def test_worker_processes_derive_the_same_secrets_as_one_process() -> None:
+    # the forked workers (forced on a small graph) against the in-process path, and both against
+    # the documented derivation through the public keys each endpoint published
+    edges = _edges(nx.random_regular_graph(3, 40, seed=5))
+    serial = agree_edge_secrets(edges, 40, seed=9, session_id="w", workers=1)
+    for workers in (2, 3):
+        pooled = agree_edge_secrets(edges, 40, seed=9, session_id="w", workers=workers)
+        assert pooled.edge_keys() == serial.edge_keys()
+        assert pooled.public_keys == serial.public_keys
+    assert len(set(serial.edge_keys())) == len(edges)
+    shard = agree_edge_secrets(
+        edges, 40, transport=_FullBoard(edges, 40, seed=9), nodes=range(20), seed=9,
+        session_id="w", workers=2,
+    )  # fmt: skip
+    for e, (u, v) in enumerate(edges.tolist()):
+        if u < 20 or v < 20:
+            assert shard.secret(e) == serial.secret(e)
+
+
+class _FullBoard(LocalKeyTransport):
+    """Every node's seeded public key already on the board (the other shard's included)."""
+
+    def __init__(self, edges: np.ndarray, n_nodes: int, *, seed: int) -> None:
+        super().__init__(edges, n_nodes)
+        full = agree_edge_secrets(edges, n_nodes, seed=seed, session_id="w", workers=1)
+        self._board.update(full.public_keys)
+
+
+def test_worker_processes_report_an_invalid_key_and_a_tampered_one() -> None:
+    class ZeroKeyTransport(_FullBoard):
+        def collect(self, node: int) -> dict[int, bytes]:
+            out = dict(super().collect(node))
+            if node == 30:
+                out[31] = bytes(32)  # small-order point, from a node of the other shard
+            return out
+
+    ring = _edges(nx.cycle_graph(40))
+    with pytest.raises(PrivacyError, match="node 30: invalid public key from node 31"):
+        agree_edge_secrets(
+            ring, 40, transport=ZeroKeyTransport(ring, 40, seed=9), nodes=range(31), seed=9,
+            session_id="w", workers=2,
+        )  # fmt: skip
+    with pytest.raises(PrivacyError, match="different secrets"):
+        agree_edge_secrets(RING, 16, transport=TamperingTransport(RING, 16), workers=2)
+
+
+def test_worker_count_follows_the_work_the_cpus_and_the_ranks_sharing_them(monkeypatch) -> None:
+    from privdl.mechanisms.secrets import PARALLEL_MIN_OPERATIONS, _worker_count
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert _worker_count(None, PARALLEL_MIN_OPERATIONS - 1) == 1
+    assert _worker_count(None, PARALLEL_MIN_OPERATIONS) == cpus
+    assert _worker_count(3, 10) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))  # more ranks here than CPUs
+    assert _worker_count(None, 10**6) == 1
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(PrivacyError, match="workers"):
+            _worker_count(bad, 10)  # type: ignore[arg-type]
+
+
+def test_more_workers_than_owned_nodes_still_cover_every_edge() -> None:
+    one_edge = np.array([[0, 1]], dtype=np.int64)
+    single = agree_edge_secrets(one_edge, 2, seed=3, workers=1)
+    assert agree_edge_secrets(one_edge, 2, seed=3, workers=5).edge_keys() == single.edge_keys()
+    assert len(agree_edge_secrets(np.zeros((0, 2), np.int64), 3, seed=3, workers=4)) == 0
