@@ -6,8 +6,9 @@ K steps of Lanczos from e_i give the Jacobi matrix T_K and beta_K; the Gauss-Rad
 node prescribed at ``a <= lambda_min(Sigma)`` is ``e_1^T Tr^{-1} e_1`` with ``Tr`` the
 (K+1) x (K+1) extension of T_K whose last diagonal entry is ``a + delta_K``,
 ``(T_K - a I) delta = beta_K^2 e_K`` (Golub & Meurant 2010, *Matrices, Moments and Quadrature
-with Applications*, Ch. 6, Sec. 6.2, and Theorem 6.4: for f(x) = 1/x, whose odd derivatives are
-negative, the rule with the node at the lower end of the spectrum is an upper bound). Here
+with Applications*, Ch. 6, the Gauss-Radau rule and the sign of its remainder
+``f^(2K+1)(eta) / (2K+1)! * int (x - a) prod_j (x - t_j)^2 dmu_i``: for f(x) = 1/x, whose odd
+derivatives are negative, the rule with its node at or below the spectrum is an upper bound). Here
 ``a = sigma_cdp^2`` is exactly lambda_min(Sigma) (L is positive semi-definite and annihilates the
 constant vectors), so the bound holds for every graph, connected or not, at any noise ratio.
 
