@@ -86,3 +86,15 @@ def test_auto_takes_it_only_without_symmetry_and_above_the_threshold():
     assert decor_step_rdp(ring, **lowered).method == "sparse-selinv"
     with pytest.raises(PrivacyError, match="eavesdropper only"):
         decor_step_rdp(graph, adversary="curious", method="gauss-radau", **kw)
+
+
+def test_budget_records_the_bound():
+    from privdl.accounting import account_decor
+
+    graph = GRAPHS["regular6-60"]
+    kw = dict(sigma_cdp=1.0, sigma_cor=3.0, steps=100, delta=1e-5)
+    exact = account_decor(graph, **kw)
+    bound = account_decor(graph, method="gauss-radau", **kw)
+    assert bound.method == "gauss-radau:6" and "bounded from above" in bound.budget.notes
+    assert "bounded" not in exact.budget.notes
+    assert exact.budget.epsilon <= bound.budget.epsilon <= 1.01 * exact.budget.epsilon
