@@ -192,3 +192,24 @@ def test_working_set_solver_matches_conic_solution() -> None:
     assert oracle.values(oracle.inverses(node, edge)).max() <= 1.0 + 1e-12  # over every pair
     conic = problem.objective(cnode, cedge) * oracle.values(oracle.inverses(cnode, cedge)).max()
     assert problem.objective(node, edge) == pytest.approx(conic, rel=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_working_set_design_is_certified_over_every_deleted_vertex(seed: int) -> None:
+    """Stopped early (the working set then misses pairs), the point is still scaled by the
+    largest constraint over every pair: the accountant's slope (one plain inverse per deleted
+    vertex) is at most b = 1 and the residual no worse than DECOR's pair."""
+    from privdl.accounting.design import design_step_rdp
+    from privdl.mechanisms.noise_design import NoiseDesign
+
+    rng = np.random.default_rng(seed)
+    topo = erdos_renyi(int(rng.integers(10, 16)), float(rng.uniform(0.2, 0.5)), seed)
+    problem, _ = _problem(topo, "curious")
+    s2, c2, scalar = best_scalar(topo, problem)
+    start = (np.full(topo.n, s2), np.full(topo.num_edges, c2))
+    node, edge, _ = solve_first_order(problem, start, working_set=True, max_seconds=1.0)
+    step = design_step_rdp(
+        topo, NoiseDesign(node, edge, topo.edges), adversary="curious", method="naive"
+    )
+    assert step.step_rdp / 2.0 <= 1.0 + 1e-9
+    assert problem.objective(node, edge) <= scalar * (1 + 1e-12)
