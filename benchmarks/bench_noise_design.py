@@ -40,9 +40,9 @@ def bench_scale(
     print(f"## design time vs n (random {degree}-regular, {adversary}, K = {horizon})")
     print(
         "| n | problem + scalar s (cpu) | first-order s (cpu) | evaluations | converged | "
-        "design total s (cpu) | ratio vs DECOR | certify s (cpu) | method | max f |"
+        "design total s (cpu) | ratio vs DECOR | certify s (cpu) | method | max f | working set |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for n in sizes:
         topo = random_regular(n, degree, 1)
@@ -64,7 +64,7 @@ def bench_scale(
             f"| {n} | {t1 - t0:.1f} ({c1 - c0:.1f}) | {t2 - t1:.1f} ({c2_ - c1:.1f}) | "
             f"{info['evaluations']} | {info['converged']} | {t2 - t0:.1f} ({c2_ - c0:.1f}) | "
             f"{ratio:.4f} | {t3 - t2:.1f} ({c3 - c2_:.1f}) | {step.method} | "
-            f"{step.step_rdp / 2.0:.12f} |",
+            f"{step.step_rdp / 2.0:.12f} | {info.get('working_set', '-')} ({info.get('rounds', '-')}) |",
             flush=True,
         )
         assert step.step_rdp / 2.0 <= 1.0 + 1e-9, step  # the accountant agrees with max f <= b = 1
