@@ -129,11 +129,20 @@ def aes_ctr_words(
     return out[:n_words]
 
 
-#: Rows of up to this many normals take :func:`ziggurat_rows_batched` (AES in the compiled
-#: kernel, no Python per stream); longer ones one OpenSSL call per stream (AES-NI). The values are
-#: the same either way; on the 2-core CPU the two cost the same near 500 normals a row (9 us
-#: against 20-40 us a stream at 124 normals, 365 us against 90 us at 5000).
+#: Without AES-NI in the kernel (:mod:`privdl.mechanisms._aesni`), rows of up to this many normals
+#: take :func:`ziggurat_rows_batched` (software AES in the compiled kernel, no Python per stream)
+#: and longer ones one OpenSSL call per stream (AES-NI where the CPU has it, but not numba). The
+#: values are the same either way; on the 2-core CPU the two cost the same near 500 normals a row
+#: (9 us against 20-40 us a stream at 124 normals, 365 us against 90 us at 5000). With AES-NI in
+#: the kernel every row is batched (faster than OpenSSL at 5000 normals too: docs/engine.md).
 BATCHED_MAX_SIZE = 512
+
+
+def batched(size: int) -> bool:
+    """Whether rows of ``size`` normals are made by :func:`ziggurat_rows_batched`."""
+    return size <= BATCHED_MAX_SIZE or _aesni.active()
+
+
 _SMALL_WORDS = 4096  # up to here the keystream is AES-ECB of explicit counter blocks
 _MAX_CACHED_KEYS = 4096
 _local = threading.local()
@@ -272,7 +281,7 @@ def ziggurat_rows(
     start with twice the words, so the result never depends on the margin (``_words`` sets it, for
     tests).
     """
-    if size <= BATCHED_MAX_SIZE:
+    if batched(size):
         return ziggurat_rows_batched(
             keys, counter, size, substream=substream, workers=workers, _words=_words
         )
