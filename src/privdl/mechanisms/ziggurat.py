@@ -471,7 +471,10 @@ def _batched_kernel_aesni() -> Any:
     return rows
 
 
-_expand_key: Any = None  # set by _batched_kernel_aesni (module globals: numba then caches rows)
+# set by _batched_kernel_aesni (module globals: numba then caches rows). numba's disk cache of
+# ``rows`` is keyed by this file only: after editing the intrinsics in _aesni.py, clear it
+# (``__pycache__/ziggurat.*.nbi|nbc``) or the old code keeps running.
+_expand_key: Any = None
 _encrypt_block: Any = None
 
 
