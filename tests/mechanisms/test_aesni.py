@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from privdl.errors import ConfigError
 from privdl.mechanisms import _aesni
 from privdl.mechanisms import ziggurat as zig
 from privdl.mechanisms._aes import aes256_key_schedule
@@ -133,5 +134,5 @@ def test_the_switch_off_uses_software_aes_and_on_without_the_cpu_is_an_error(
     )
     aesni(True)
     monkeypatch.setattr(_aesni, "available", lambda: False)
-    with pytest.raises(Exception, match="AES-NI was asked for"):
+    with pytest.raises(ConfigError, match="AES-NI was asked for"):
         zig.ziggurat_rows_batched(keys, 3, 20)
