@@ -66,7 +66,7 @@ def test_blocks_equal_openssl_ecb_and_ctr_on_random_keys_and_counters() -> None:
 
 
 @needs_aesni
-@pytest.mark.parametrize("size", [1, 124, 511])
+@pytest.mark.parametrize("size", [1, 124, 511, 600])  # 600: a long row (batched with AES-NI)
 def test_rows_equal_openssl_ctr_and_the_software_kernel_bitwise(aesni, size: int) -> None:
     keys = [bytes(row) for row in _keys(size, 48)]
     for counter, substream in ((0, 0), (12345, 7), (2**64 - 1, 2**32 - 1)):
@@ -74,10 +74,11 @@ def test_rows_equal_openssl_ctr_and_the_software_kernel_bitwise(aesni, size: int
         fast = zig.ziggurat_rows_batched(keys, counter, size, substream=substream)
         short = zig.ziggurat_rows_batched(keys, counter, size, substream=substream, _words=4)
         split = zig.ziggurat_rows_batched(keys, counter, size, substream=substream, workers=3)
+        routed = zig.ziggurat_rows(keys, counter, size, substream=substream)  # any length: batched
         aesni(False)
         software = zig.ziggurat_rows_batched(keys, counter, size, substream=substream)
         openssl = zig._ziggurat_rows_openssl(keys, counter, size, substream=substream)
-        assert fast.tobytes() == short.tobytes() == split.tobytes()
+        assert fast.tobytes() == short.tobytes() == split.tobytes() == routed.tobytes()
         assert fast.tobytes() == software.tobytes() == openssl.tobytes(), (counter, substream)
     # the keystream itself: the documented counter blocks (nonce, then the block index
     # big-endian) under AES-NI, against OpenSSL's AES-256-CTR from the initial block
