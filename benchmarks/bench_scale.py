@@ -40,6 +40,7 @@ from privdl.algorithms.decor import Decor
 from privdl.algorithms.dsgd import DSGD
 from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
+from privdl.mechanisms import _aesni
 from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
 
@@ -70,6 +71,7 @@ def bench_n(
     graph: str = "torus",
     loss: str = "bce",
     account: bool = False,
+    software_aes: bool = False,
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     topo = parse_graph(graph_spec(graph, n))
@@ -111,7 +113,15 @@ def bench_n(
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
 
+    def decor_step_software_aes() -> None:  # the same draws with AES in software (same values)
+        _aesni.ENABLED = False
+        try:
+            decor_step()
+        finally:
+            _aesni.ENABLED = aes_default
+
     timings: dict[str, float] = {"keys_s": 0.0, "accountant_s": 0.0}
+    aes_default = _aesni.ENABLED
     t_keys = time.perf_counter()
     decor_step()
     if device.type == "cuda":
@@ -136,13 +146,14 @@ def bench_n(
             torch.cuda.synchronize(device)
 
     if device.type == "cpu":  # blocks of steps: DECOR's draw ahead overlaps its own steps
-        block_seconds([decor_step, plain_step], count=2, after=_kept)
-        per = [
-            block_seconds([decor_step, plain_step], count=max(1, iters // 3), after=_kept)
-            for _ in range(3)
-        ]
+        fns = [decor_step, plain_step] + ([decor_step_software_aes] if software_aes else [])
+        block_seconds(fns, count=2, after=_kept)
+        per = [block_seconds(fns, count=max(1, iters // 3), after=_kept) for _ in range(3)]
         decor_ms = 1e3 * statistics.median(p[0] for p in per)
         plain_ms = 1e3 * statistics.median(p[1] for p in per)
+        if software_aes:
+            timings["decor_software_aes_ms"] = 1e3 * statistics.median(p[2] for p in per)
+            timings["aes_instructions"] = float(_aesni.active())
     else:
         t_decor, t_plain = interleaved_seconds(
             [decor_step, plain_step], iters=iters, warmup=2, sync=sync
@@ -160,6 +171,8 @@ def bench_n(
         "nonprivate_ms": plain_ms,
     }
     out["decor_over_nonprivate"] = out["decor_ms"] / out["nonprivate_ms"]
+    if "decor_software_aes_ms" in out:
+        out["decor_software_aes_over_nonprivate"] = out["decor_software_aes_ms"] / plain_ms
     if device.type == "cuda":
         out["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
@@ -201,6 +214,11 @@ def main() -> None:
     ap.add_argument(
         "--account", action="store_true", help="time the curious user's accountant in set-up"
     )
+    ap.add_argument(
+        "--software-aes",
+        action="store_true",
+        help="CPU: also time the DECOR step with AES in software (no AES-NI), in the same blocks",
+    )
     ap.add_argument("--sizes", default="16,64,256,1024,4096")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--iters", type=int, default=20)
@@ -225,7 +243,7 @@ def main() -> None:
         try:
             row = bench_n(
                 n, batch=args.batch, iters=args.iters, device=device, graph=args.graph,
-                loss=args.loss, account=args.account,
+                loss=args.loss, account=args.account, software_aes=args.software_aes,
             )  # fmt: skip
         except torch.OutOfMemoryError as exc:
             res["stopped"] = f"n = {n}: out of memory ({str(exc).splitlines()[0][:120]})"

@@ -38,7 +38,7 @@ from privdl.mechanisms.prng import (
     resolve_backend,
 )
 from privdl.mechanisms.secrets import as_edge_array
-from privdl.mechanisms.ziggurat import BATCHED_MAX_SIZE, jit, key_array_rows
+from privdl.mechanisms.ziggurat import batched, jit, key_array_rows
 
 _MAX_THREADS = 8
 _PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a pool
@@ -382,7 +382,7 @@ def _decor_noise_cpu(
     plan = _cpu_plan(edge_keys, edges, n_nodes, node_keys, nodes, sigma_cor > 0, sigma_cdp > 0)
     out = torch.zeros((plan.n_rows, size), dtype=dtype)
     if size and plan.streams:
-        if resolve_backend(backend, "cpu") == "aes-ziggurat" and size <= BATCHED_MAX_SIZE:
+        if resolve_backend(backend, "cpu") == "aes-ziggurat" and batched(size):
             # the prepared keys go straight to the kernel normal_streams would call (same rows)
             key_array = plan.key_array()
             big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES

@@ -42,6 +42,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from privdl.errors import PrivacyError
+from privdl.mechanisms import _aesni
 from privdl.mechanisms._pool import run_parallel
 
 __all__ = ["LAYERS", "R", "V", "aes_ctr_words", "compute_tables", "fill_rows", "ziggurat_rows"]
@@ -128,11 +129,20 @@ def aes_ctr_words(
     return out[:n_words]
 
 
-#: Rows of up to this many normals take :func:`ziggurat_rows_batched` (AES in the compiled
-#: kernel, no Python per stream); longer ones one OpenSSL call per stream (AES-NI). The values are
-#: the same either way; on the 2-core CPU the two cost the same near 500 normals a row (9 us
-#: against 20-40 us a stream at 124 normals, 365 us against 90 us at 5000).
+#: Without AES-NI in the kernel (:mod:`privdl.mechanisms._aesni`), rows of up to this many normals
+#: take :func:`ziggurat_rows_batched` (software AES in the compiled kernel, no Python per stream)
+#: and longer ones one OpenSSL call per stream (AES-NI where the CPU has it, but not numba). The
+#: values are the same either way; on the 2-core CPU the two cost the same near 500 normals a row
+#: (9 us against 20-40 us a stream at 124 normals, 365 us against 90 us at 5000). With AES-NI in
+#: the kernel every row is batched (faster than OpenSSL at 5000 normals too: docs/engine.md).
 BATCHED_MAX_SIZE = 512
+
+
+def batched(size: int) -> bool:
+    """Whether rows of ``size`` normals are made by :func:`ziggurat_rows_batched`."""
+    return size <= BATCHED_MAX_SIZE or _aesni.active()
+
+
 _SMALL_WORDS = 4096  # up to here the keystream is AES-ECB of explicit counter blocks
 _MAX_CACHED_KEYS = 4096
 _local = threading.local()
@@ -271,7 +281,7 @@ def ziggurat_rows(
     start with twice the words, so the result never depends on the margin (``_words`` sets it, for
     tests).
     """
-    if size <= BATCHED_MAX_SIZE:
+    if batched(size):
         return ziggurat_rows_batched(
             keys, counter, size, substream=substream, workers=workers, _words=_words
         )
@@ -417,6 +427,57 @@ def _batched_kernel() -> Any:
     return rows
 
 
+@cache
+def _batched_kernel_aesni() -> Any:
+    """:func:`_batched_kernel` with AES-256 by the CPU's AES instructions
+    (:mod:`privdl.mechanisms._aesni`): the same keystream words, the same filler."""
+    global _fill_rows_jit
+    _fill_rows_jit = _kernel()
+    from privdl.mechanisms._aesni import intrinsics
+
+    global _expand_key, _encrypt_block
+    _expand_key, _encrypt_block = intrinsics()
+
+    @jit
+    def rows(keys, nonce_lo, nonce_hi, out, k2, ws, f_tab, r, first, start, stop):  # type: ignore[no-untyped-def]
+        rk = np.empty(30, dtype=np.uint64)
+        buf = np.empty((first + 3) // 4 * 2, dtype=np.uint64)  # block j: buf[2 j], buf[2 j + 1]
+        byte = np.uint64(255)
+        for k in range(start, stop):
+            _expand_key(keys[k, 0], keys[k, 1], keys[k, 2], keys[k, 3], rk)
+            n_words = first
+            made = 0
+            while True:
+                blocks = (n_words + 3) // 4
+                if 2 * blocks > buf.shape[0]:
+                    grown = np.empty(2 * blocks, dtype=np.uint64)
+                    grown[: 2 * made] = buf[: 2 * made]
+                    buf = grown
+                for j in range(made, blocks):  # block j = AES(nonce || j), j big-endian
+                    u = np.uint64(j)
+                    swapped = (
+                        ((u & byte) << np.uint64(56))
+                        | (((u >> np.uint64(8)) & byte) << np.uint64(48))
+                        | (((u >> np.uint64(16)) & byte) << np.uint64(40))
+                        | (((u >> np.uint64(24)) & byte) << np.uint64(32))
+                    )
+                    buf[2 * j], buf[2 * j + 1] = _encrypt_block(rk, nonce_lo, nonce_hi | swapped)
+                made = blocks
+                # little-endian uint64 halves read as uint32 words: the keystream's words in order
+                if _fill_rows_jit(buf.view(np.uint32)[:n_words], out[k], k2, ws, f_tab, r):
+                    break
+                n_words *= 2
+
+    return rows
+
+
+# set by _batched_kernel_aesni (module globals: numba then caches rows). numba's disk cache of
+# ``rows`` is keyed by this file only: after editing the intrinsics in _aesni.py, clear it
+# (``__pycache__/ziggurat.*.nbi|nbc``) or the old code keeps running.
+_expand_key: Any = None
+_encrypt_block: Any = None
+
+
 def _batched_words(size: int) -> int:
     """Words made up front per row by the batched kernel (more are made only where a row needs
     them, which changes no value): 1.0226 are used per normal on average."""
@@ -460,10 +521,17 @@ def key_array_rows(
     sbox, te = _aes_tables64()
     k2, ws, f_tab = _signed_tables()
     first = max(4, _batched_words(size) if _words is None else _words)
-    kernel = _batched_kernel()
     workers = max(1, min(workers, len(keys)))
     bounds = np.linspace(0, len(keys), workers + 1).astype(np.int64)
-    args = (key_array, nonce, out, sbox, te, k2, ws, f_tab, R, first)
+    args: tuple[Any, ...]
+    if _aesni.active():
+        kernel = _batched_kernel_aesni()
+        halves = np.frombuffer(block, dtype="<u8").astype(np.uint64)  # the block's two halves
+        words = np.ascontiguousarray(key_array, dtype=np.uint8).view("<u8").astype(np.uint64)
+        args = (words, halves[0], halves[1], out, k2, ws, f_tab, R, first)
+    else:
+        kernel = _batched_kernel()
+        args = (key_array, nonce, out, sbox, te, k2, ws, f_tab, R, first)
     run_parallel(lambda j: kernel(*args, bounds[j], bounds[j + 1]), workers)
     return out
 
