@@ -84,6 +84,10 @@ def test_auto_takes_it_only_without_symmetry_and_above_the_threshold():
     assert decor_step_rdp(graph, **lowered).method == "gauss-radau:6"
     ring = nx.cycle_graph(200)  # circulant: the exact sparse path stays
     assert decor_step_rdp(ring, **lowered).method == "sparse-selinv"
+    # a vertex of degree < 3 (path, grid, star: small separators) keeps the exact path
+    for small_separators in (nx.path_graph(200), nx.grid_2d_graph(10, 20), nx.star_graph(199)):
+        g = nx.convert_node_labels_to_integers(small_separators)
+        assert decor_step_rdp(g, **lowered).method == "sparse-selinv"
     with pytest.raises(PrivacyError, match="eavesdropper only"):
         decor_step_rdp(graph, adversary="curious", method="gauss-radau", **kw)
 

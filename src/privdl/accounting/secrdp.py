@@ -261,7 +261,11 @@ def decor_step_rdp(
             step = 2.0 * clip**2 * value
             return SecRdpStep(step, 1, adv.label, "fourier+deletion", (0,), worst_node, False)
     if method == "auto" and q == 0 and n >= radau_min_nodes and n > dense_limit:
-        if shape is None and translation_shape(n, edges) is None:  # no closed form: bound it
+        # no closed form and every vertex of degree >= 3 (random regular graphs are expanders,
+        # whose factor fills in): bound it. Paths, grids, stars and trees have vertices of lower
+        # degree and small separators, so their exact sparse selected inverse stays.
+        degree = np.bincount(np.asarray(edges, dtype=np.int64).ravel(), minlength=n)
+        if shape is None and int(degree.min()) >= 3 and translation_shape(n, edges) is None:
             method = "gauss-radau"
     if method == "gauss-radau":
         if q != 0:
