@@ -47,6 +47,18 @@ __all__ = ["ConstraintOracle", "WorkingSetOracle", "solve_first_order"]
 RHO0 = 1.0  # the first penalty weight: larger ones stall L-BFGS-B (ill-conditioned)
 
 
+def _sigma(problem: Problem, node_var: np.ndarray, edge_var: np.ndarray) -> np.ndarray:
+    """Sigma = diag(s^2) + B diag(w) B^T as a dense (n, n) array (one scatter of the edges)."""
+    n = problem.n
+    u, v = problem.edges[:, 0], problem.edges[:, 1]
+    flat = np.concatenate([u * (n + 1), v * (n + 1), u * n + v, v * n + u])
+    sigma = np.bincount(
+        flat, np.concatenate([edge_var, edge_var, -edge_var, -edge_var]), minlength=n * n
+    ).reshape(n, n)
+    sigma[np.arange(n), np.arange(n)] += node_var
+    return sigma
+
+
 def _spd_inverse(sigma: np.ndarray) -> np.ndarray:
     """Inverse of a positive-definite matrix by Cholesky (LAPACK potrf/potri), symmetrized;
     numpy's LU below 300 rows (scipy's threaded potrf costs ~0.1 s a call on a busy machine)."""
@@ -116,17 +128,13 @@ class ConstraintOracle:
         """Sigma_I^{-1} for every set, (count, h, h), or their low-rank form (curious users)."""
         p = self.problem
         n = p.n
-        u, v = p.edges[:, 0], p.edges[:, 1]
-        flat = np.concatenate([u * (n + 1), v * (n + 1), u * n + v, v * n + u])
-        sigma = np.bincount(
-            flat, np.concatenate([edge_var, edge_var, -edge_var, -edge_var]), minlength=n * n
-        ).reshape(n, n)
-        sigma[np.arange(n), np.arange(n)] += node_var
+        sigma = _sigma(p, node_var, edge_var)
         h = self.honest
         if h.shape[1] == n:  # the eavesdropper: one set, nothing deleted
             return _spd_inverse(sigma)[None]
         if self.neighbours is not None:
             return self._deletion(_spd_inverse(sigma), edge_var)
+        u, v = p.edges[:, 0], p.edges[:, 1]
         adj = np.zeros((n, n))
         adj[u, v] = edge_var
         adj[v, u] = edge_var
@@ -515,12 +523,7 @@ class WorkingSetOracle:
     def inverses(self, node_var: np.ndarray, edge_var: np.ndarray) -> _Pairs:
         p = self.problem
         n = p.n
-        u, v = p.edges[:, 0], p.edges[:, 1]
-        flat = np.concatenate([u * (n + 1), v * (n + 1), u * n + v, v * n + u])
-        sigma = np.bincount(
-            flat, np.concatenate([edge_var, edge_var, -edge_var, -edge_var]), minlength=n * n
-        ).reshape(n, n)
-        sigma[np.arange(n), np.arange(n)] += node_var
+        sigma = _sigma(p, node_var, edge_var)
         inv = _spd_inverse(sigma)
         nb = self.neighbours
         d = nb.shape[1]
