@@ -264,8 +264,8 @@ def decor_step_rdp(
         # no closed form and every vertex of degree >= 3 (random regular graphs are expanders,
         # whose factor fills in): bound it. Paths, grids, stars and trees have vertices of lower
         # degree and small separators, so their exact sparse selected inverse stays.
-        degree = np.bincount(np.asarray(edges, dtype=np.int64).ravel(), minlength=n)
-        if shape is None and int(degree.min()) >= 3 and translation_shape(n, edges) is None:
+        degrees = np.bincount(np.asarray(edges, dtype=np.int64).ravel(), minlength=n)
+        if shape is None and int(degrees.min()) >= 3 and translation_shape(n, edges) is None:
             method = "gauss-radau"
     if method == "gauss-radau":
         if q != 0:
