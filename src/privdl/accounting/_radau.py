@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.csgraph as csgraph
 import scipy.sparse.linalg as sla
 
 #: Lanczos steps per start vector (the rule has RADAU_STEPS + 1 nodes); the looseness shrinks
@@ -107,8 +108,13 @@ def radau_upper_diagonal(
             broken.append(cols[bad])
     if broken:  # an exhausted Krylov space (a component of at most K vertices): exact solves
         cols = np.concatenate(broken)
-        lu = sla.splu(sp.csc_matrix(sigma))
-        rhs = np.zeros((n, len(cols)))
-        rhs[cols, np.arange(len(cols))] = 1.0
-        out[cols] = lu.solve(rhs)[cols, np.arange(len(cols))]
+        # Sigma is block diagonal over the components: factor only the ones holding these
+        # columns, not the whole graph (whose giant component may fill in)
+        _, label = csgraph.connected_components(lap, directed=False)
+        keep = np.flatnonzero(np.isin(label, label[cols]))
+        local = np.searchsorted(keep, cols)
+        lu = sla.splu(sp.csc_matrix(sigma[keep][:, keep]))
+        rhs = np.zeros((len(keep), len(cols)))
+        rhs[local, np.arange(len(cols))] = 1.0
+        out[cols] = lu.solve(rhs)[local, np.arange(len(cols))]
     return out
