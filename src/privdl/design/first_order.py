@@ -148,18 +148,10 @@ class ConstraintOracle:
         assert self.neighbours is not None and self.neighbour_edge is not None
         nb = self.neighbours
         n, d = nb.shape
-        j = np.arange(n)
-        cols = np.concatenate([j[:, None], nb], axis=1)  # J_j = [j, K_j]
-        weight = np.where(nb != j[:, None], edge_var[self.neighbour_edge], 0.0)  # (n, d)
-        block = inv[cols[:, :, None], cols[:, None, :]]  # N[J_j, J_j], (n, d + 1, d + 1)
-        col = block[:, 0, 0]
-        ratio = block[:, 0, 1:] / col[:, None]  # r_j = N[j, K] / N_jj
-        p_kk = block[:, 1:, 1:] - block[:, 1:, :1] * ratio[:, None, :]  # P_KK
-        lhs = np.eye(d)[None] - weight[:, :, None] * p_kk
-        m_j = np.linalg.solve(lhs, weight[:, :, None] * np.eye(d)[None])
+        cols, col, ratio, m_j = _deletion_blocks(inv, nb, edge_var, self.neighbour_edge)
         s = np.zeros((n, d + 1, d + 1))
         s[:, 0, 0] = -1.0 / col
-        s[:, 1:, 1:] = 0.5 * (m_j + np.transpose(m_j, (0, 2, 1)))
+        s[:, 1:, 1:] = m_j
         t = np.zeros((n, d + 1, d + 1))  # Y_j = N U_j T_j, T_j = [[1, -r_j^T], [0, I]]
         t[:, 0, 0] = 1.0
         t[:, 0, 1:] = -ratio
@@ -238,6 +230,25 @@ class ConstraintOracle:
             self.neighbour_edge[real], own[real], minlength=len(edge)
         )  # fmt: skip
         return -np.concatenate([node, edge])
+
+
+def _deletion_blocks(
+    inv: np.ndarray, nb: np.ndarray, edge_var: np.ndarray, neighbour_edge: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For every deleted vertex j (module docstring): J_j = [j, K_j] (n, d + 1), N_jj, r_j =
+    N[j, K] / N_jj and the symmetric M_j = (I - W_j P_KK)^{-1} W_j with P_KK = N_KK - N_Kj r_j^T
+    and W_j the weights of j's edges (zero at the padding)."""
+    n, d = nb.shape
+    j = np.arange(n)
+    cols = np.concatenate([j[:, None], nb], axis=1)
+    weight = np.where(nb != j[:, None], edge_var[neighbour_edge], 0.0)  # (n, d)
+    block = inv[cols[:, :, None], cols[:, None, :]]  # N[J_j, J_j], (n, d + 1, d + 1)
+    col = block[:, 0, 0]
+    ratio = block[:, 0, 1:] / col[:, None]
+    p_kk = block[:, 1:, 1:] - block[:, 1:, :1] * ratio[:, None, :]
+    lhs = np.eye(d)[None] - weight[:, :, None] * p_kk
+    m_j = np.linalg.solve(lhs, weight[:, :, None] * np.eye(d)[None])
+    return cols, col, ratio, 0.5 * (m_j + np.transpose(m_j, (0, 2, 1)))
 
 
 def _neighbours(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -526,18 +537,8 @@ class WorkingSetOracle:
         sigma = _sigma(p, node_var, edge_var)
         inv = _spd_inverse(sigma)
         nb = self.neighbours
-        d = nb.shape[1]
-        j_all = np.arange(n)
-        weight = np.where(nb != j_all[:, None], edge_var[self.neighbour_edge], 0.0)
-        col = inv[j_all, j_all]
-        njk = inv[j_all[:, None], nb]  # (n, d) N_jK
-        p_kk = (
-            inv[nb[:, :, None], nb[:, None, :]]
-            - njk[:, :, None] * njk[:, None, :] / col[:, None, None]
-        )
-        lhs = np.eye(d)[None] - weight[:, :, None] * p_kk
-        m_j = np.linalg.solve(lhs, weight[:, :, None] * np.eye(d)[None])
-        m_j = 0.5 * (m_j + np.transpose(m_j, (0, 2, 1)))
+        _, col, _, m_j = _deletion_blocks(inv, nb, edge_var, self.neighbour_edge)
+        njk = inv[np.arange(n)[:, None], nb]  # (n, d) N_jK
         j, i = self.deleted, self.kept
         nij = inv[i, j]
         p_ik = inv[i[:, None], nb[j]] - nij[:, None] * njk[j] / col[j, None]  # (p, d)
