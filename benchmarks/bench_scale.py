@@ -70,7 +70,7 @@ def bench_n(
     device: torch.device,
     graph: str = "torus",
     loss: str = "bce",
-    account: bool = False,
+    account: str = "",
     software_aes: bool = False,
 ) -> dict[str, float]:
     t0 = time.perf_counter()
@@ -129,13 +129,15 @@ def bench_n(
     timings["first_step_s"] = time.perf_counter() - t_keys
     timings["keys_s"] = t_keys - t0  # graph, mixing, data and the edge-secret agreement
     method = ""
-    if account:  # the run's budget: the curious user's per-step epsilon (DECOR Alg 3, q = 1)
+    if account:  # the run's budget: the per-step epsilon of ``account``'s threat model (curious
+        # users: DECOR Alg 3, q = 1; the eavesdropper: one diagonal of Sigma^-1, bounded by
+        # gauss-radau on a random regular graph)
         from privdl.accounting.secrdp import decor_step_rdp
 
         t_acc = time.perf_counter()
         acc = decor_step_rdp(
             topo.graph, sigma_cdp=SIGMA_CDP, sigma_cor=SIGMA_COR, clip=C / batch,
-            adversary="curious",
+            adversary=account,
         )  # fmt: skip
         timings["accountant_s"] = time.perf_counter() - t_acc
         method = acc.method
@@ -178,7 +180,9 @@ def bench_n(
     return out
 
 
-def bench_accountant(n: int, *, regular: bool, radau_steps: int = 6) -> None:
+def bench_accountant(
+    n: int, *, regular: bool, radau_steps: int | None = None, block_oracle: bool = False
+) -> None:
     import networkx as nx
 
     from privdl.accounting.secrdp import decor_step_rdp
@@ -191,7 +195,9 @@ def bench_accountant(n: int, *, regular: bool, radau_steps: int = 6) -> None:
             if name != "ring" and adversary == "curious":
                 continue  # no certified bound yet (docs/accounting.md section 1)
             t0 = time.perf_counter()
-            kw = {} if name == "ring" else {"method": "gauss-radau", "radau_steps": radau_steps}
+            kw: dict[str, object] = (
+                {} if name == "ring" else {"method": "gauss-radau", "radau_steps": radau_steps}
+            )
             step = decor_step_rdp(graph, sigma_cdp=1.0, sigma_cor=10.0, adversary=adversary, **kw)  # type: ignore[arg-type]
             row = {
                 "graph": f"{name} n={n}",
@@ -200,6 +206,19 @@ def bench_accountant(n: int, *, regular: bool, radau_steps: int = 6) -> None:
                 "step_rdp": step.step_rdp,
                 "method": step.method,
             }
+            if name != "ring" and block_oracle:  # the same bound by the block form: the ratio
+                from privdl.accounting._graph import edge_array, laplacian
+                from privdl.accounting._radau import auto_steps, radau_upper_diagonal
+
+                lap = laplacian(*edge_array(graph))
+                k = radau_steps if radau_steps is not None else auto_steps(lap)
+                times = {}
+                for form, block in (("compiled", None), ("block", 2048)):
+                    t0 = time.perf_counter()
+                    radau_upper_diagonal(lap, 1.0, 10.0, steps=k, block=block)
+                    times[form] = time.perf_counter() - t0
+                row["radau_compiled_s"], row["radau_block_s"] = times["compiled"], times["block"]
+                row["block_over_compiled"] = times["block"] / times["compiled"]
             print(json.dumps(row), flush=True)
 
 
@@ -207,12 +226,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--accountant", type=int, default=0, help="only the accountant, N nodes")
     ap.add_argument("--regular", action="store_true", help="with --accountant: 6-regular too")
-    ap.add_argument("--radau-steps", type=int, default=6, help="with --regular: Lanczos steps")
+    ap.add_argument(
+        "--radau-steps",
+        type=int,
+        default=None,
+        help="with --regular: Lanczos steps (default: auto)",
+    )
+    ap.add_argument(
+        "--radau-block-oracle",
+        action="store_true",
+        help="with --regular: also time the block form of the bound (the ratio, in one run)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--graph", choices=("torus", "ring", "regular"), default="torus")
     ap.add_argument("--loss", choices=("bce", "mse"), default="bce", help="mse: least squares")
     ap.add_argument(
-        "--account", action="store_true", help="time the curious user's accountant in set-up"
+        "--account",
+        nargs="?",
+        const="curious",
+        default="",
+        choices=("curious", "eavesdropper"),
+        help="time the accountant in set-up for this threat model (default: curious)",
     )
     ap.add_argument(
         "--software-aes",
@@ -226,7 +260,12 @@ def main() -> None:
     add_run_flags(ap)
     args = ap.parse_args()
     if args.accountant:
-        bench_accountant(args.accountant, regular=args.regular, radau_steps=args.radau_steps)
+        bench_accountant(
+            args.accountant,
+            regular=args.regular,
+            radau_steps=args.radau_steps,
+            block_oracle=args.radau_block_oracle,
+        )
         return
     tuned = apply_run_flags(args)
     device = torch.device(args.device)

@@ -102,3 +102,60 @@ def test_budget_records_the_bound():
     assert bound.method == "gauss-radau:6" and "bounded from above" in bound.budget.notes
     assert "bounded" not in exact.budget.notes
     assert exact.budget.epsilon <= bound.budget.epsilon <= 1.01 * exact.budget.epsilon
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("steps", [1, 3, 6])
+def test_compiled_lanczos_equals_the_block_form(name, steps):
+    """The default compiled per-vertex Lanczos against the block form (scipy sparse products, all
+    start vectors at once): the same bound to rounding, on every graph and ratio."""
+    n, edges = edge_array(GRAPHS[name])
+    lap = laplacian(n, edges)
+    for ratio in RATIOS:
+        compiled = radau_upper_diagonal(lap, 1.0, ratio, steps=steps)
+        block = radau_upper_diagonal(lap, 1.0, ratio, steps=steps, block=37)
+        np.testing.assert_allclose(compiled, block, rtol=1e-11, atol=0)
+
+
+def test_compiled_lanczos_handles_small_components():
+    graph = nx.disjoint_union_all(
+        [nx.empty_graph(3), nx.path_graph(3), nx.random_regular_graph(3, 30, seed=1)]
+    )
+    n, edges = edge_array(graph)
+    lap = laplacian(n, edges)
+    exact = sigma_inverse_diagonal(lap, 1.0, 3.0)
+    bound = radau_upper_diagonal(lap, 1.0, 3.0, steps=6)
+    np.testing.assert_allclose(bound[:6], exact[:6], rtol=1e-10)
+    assert np.all(bound >= exact * (1 - 1e-12))
+
+
+def test_lanczos_work_counts_the_balls():
+    """The work estimate against a count by breadth-first search from every vertex (networkx):
+    the sum over the balls of radius 0 .. K-1 of the rows' entries (degree + 1)."""
+    from privdl.accounting._radau import RADAU_STEPS, lanczos_work
+
+    graph = nx.random_regular_graph(3, 50, seed=4)  # 50 <= 64: every vertex is sampled: exact
+    lap = laplacian(*edge_array(graph))
+    exact = np.zeros(RADAU_STEPS)
+    for v in graph:
+        dist = nx.single_source_shortest_path_length(graph, v)
+        for j in range(RADAU_STEPS):
+            exact[j] += sum(graph.degree(u) + 1 for u, d in dist.items() if d <= j)
+    np.testing.assert_allclose(lanczos_work(lap), np.cumsum(exact))
+
+
+def test_auto_steps_follows_the_budget():
+    from privdl.accounting._radau import RADAU_MIN_STEPS, RADAU_STEPS, auto_steps, lanczos_work
+
+    lap = laplacian(*edge_array(GRAPHS["regular6-200"]))
+    work = lanczos_work(lap)
+    assert auto_steps(lap) == RADAU_STEPS
+    assert auto_steps(lap, budget=work[3]) == 4
+    assert auto_steps(lap, budget=work[3] * 0.999) == 3
+    assert auto_steps(lap, budget=1.0) == RADAU_MIN_STEPS  # never fewer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        step = decor_step_rdp(
+            GRAPHS["regular6-200"], sigma_cdp=1.0, sigma_cor=5.0, method="gauss-radau"
+        )
+    assert step.method == f"gauss-radau:{auto_steps(lap)}"
