@@ -576,3 +576,29 @@ def test_a_run_saved_before_the_accountant_choice_resumes_with_its_old_accountin
     )  # a new run gets the default
     final = resume(tmp_path / "r", progress=False)["final"]["privacy"]
     assert final["accountant"] == "secrdp+classic" and final["epsilon"] <= 5.0
+
+
+def test_a_bounded_step_rdp_is_labelled_in_the_run_record(tmp_path, monkeypatch):
+    """Where the SecRDP accountant returns the certified upper bound ``gauss-radau:K`` (large
+    graphs without symmetry; here its thresholds are lowered to 150 nodes), the run's privacy
+    record says so, and its epsilon is at least the exact one (the dense path, same run)."""
+    import functools
+
+    import privdl.privacy
+    from privdl.accounting.secrdp import decor_step_rdp
+
+    cfg = {
+        **LS, "algorithm": "decor", "graph": "regular:200:6:1", "steps": 4, "eval_every": 4,
+        "sigma": 1.0, "sigma_cor": 5.0,
+    }  # fmt: skip
+    exact = train(make_config(cfg), tmp_path / "exact", progress=False)["final"]["privacy"]
+    monkeypatch.setattr(
+        privdl.privacy,
+        "decor_step_rdp",
+        functools.partial(decor_step_rdp, dense_limit=100, radau_min_nodes=150),
+    )
+    bound = train(make_config(cfg), tmp_path / "bound", progress=False)["final"]["privacy"]
+    assert "bounded from above (gauss-radau:6" in bound["notes"]
+    assert "bounded" not in exact["notes"]
+    assert exact["epsilon"] <= bound["epsilon"] <= 1.05 * exact["epsilon"]
+    assert bound["accountant"] == exact["accountant"] == "secrdp+gaussian"

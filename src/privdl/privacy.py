@@ -109,24 +109,46 @@ def step_rdp(
 ) -> float:
     """Per-step RDP slope at the replace-one sensitivity of the run's privacy unit (``design``:
     a :class:`~privdl.mechanisms.noise_design.NoiseDesign` instead of the two sigmas)."""
+    return _step(
+        cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
+        design=design,
+    )[0]  # fmt: skip
+
+
+def _step(
+    cfg: Any,
+    topo: Any,
+    task: Any,
+    *,
+    noise: NoiseKind,
+    adversary: str,
+    sigma: float,
+    sigma_cor: float,
+    design: Any,
+) -> tuple[float, str]:
+    """:func:`step_rdp` and the note its record carries: where the SecRDP accountant returned a
+    certified upper bound (``gauss-radau:K``, docs/accounting.md section 1) rather than the exact
+    value, the note says so (as :func:`privdl.accounting.decor.account_decor` does)."""
     c = float(cfg.clip)
     if privacy_unit(cfg, task) == "example":
         c = c / cfg.batch_size
     if design is not None:
         from privdl.accounting.design import design_step_rdp
 
-        return float(design_step_rdp(topo, design, clip=c, adversary=adversary).step_rdp)
+        return float(design_step_rdp(topo, design, clip=c, adversary=adversary).step_rdp), ""
     if noise == "central":
-        return 2.0 * c * c / (topo.n * sigma * sigma)
-    return float(
-        decor_step_rdp(
-            topo.graph,
-            sigma_cdp=sigma,
-            sigma_cor=sigma_cor,
-            clip=c,
-            adversary="ldp" if noise == "local" else adversary,
-        ).step_rdp
+        return 2.0 * c * c / (topo.n * sigma * sigma), ""
+    step = decor_step_rdp(
+        topo.graph,
+        sigma_cdp=sigma,
+        sigma_cor=sigma_cor,
+        clip=c,
+        adversary="ldp" if noise == "local" else adversary,
     )
+    note = ""
+    if step.method.startswith("gauss-radau"):
+        note = f"; step RDP bounded from above ({step.method}: Gauss-Radau quadrature)"
+    return float(step.step_rdp), note
 
 
 def spent(
@@ -144,7 +166,7 @@ def spent(
     delta = target_delta(cfg)
     unit = privacy_unit(cfg, task)
     threat = threat_model(noise, adversary)
-    rho = step_rdp(
+    rho, bound_note = _step(
         cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
         design=design,
     )  # fmt: skip
@@ -164,7 +186,7 @@ def spent(
                 neighbouring="replace_one",
                 unit="user",
                 threat_model=threat,
-                notes=f"step_rdp={rho:.6g}" + ("; exact: mu-GDP" if tight else ""),
+                notes=f"step_rdp={rho:.6g}" + ("; exact: mu-GDP" if tight else "") + bound_note,
                 mu=gaussian_mu(rho * t),
             ).to_dict()
 
@@ -205,6 +227,7 @@ def spent(
                 accountant, mu = "gaussian-unsampled-cap", gaussian_mu(rho * t)
             if capped:
                 notes += UNSAMPLED_CAP_NOTE if tight else UNSAMPLED_CAP_CLASSIC_NOTE
+        notes += bound_note
         return PrivacyBudget(
             epsilon=eps,
             delta=delta,

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from privdl.comm import wire
 from privdl.comm.base import Communicator
+from privdl.comm.local import SPARSE_ABOVE, sparse_csr
 from privdl.errors import ConfigError, PrivdlError
 from privdl.mechanisms.secrets import as_edge_array
 from privdl.topology.mixing import MixingMatrix
@@ -307,8 +308,14 @@ class DistributedCommunicator(Communicator):
 
         send, recv, cols = self._routes(needs)
         mine = self.shards[self.rank]
-        block = csr[mine.start : mine.stop][:, cols].toarray()
-        return _Plan(send, recv, cols, torch.as_tensor(block, dtype=self.dtype, device=self.device))
+        sub = csr[mine.start : mine.stop][:, cols]
+        if self.n_nodes > SPARSE_ABOVE:  # sparse as the simulator's: a dense block of a random
+            # graph's shard is (n / ranks) x n (37 GiB at 10^5 nodes on 2 ranks)
+            sub.sort_indices()
+            block = sparse_csr(sub, dtype=self.dtype, device=self.device)
+        else:
+            block = torch.as_tensor(sub.toarray(), dtype=self.dtype, device=self.device)
+        return _Plan(send, recv, cols, block)
 
     def _expo_plan(self, hop: int) -> _Plan:
         n = self.n_nodes
@@ -323,7 +330,8 @@ class DistributedCommunicator(Communicator):
     def _fail(self, what: str, exc: BaseException) -> DistributedError:
         return DistributedError(
             f"rank {self.rank}: {what} failed, a peer process died or stopped answering "
-            f"(timeout {self.timeout.total_seconds():g}s): {_one_line(exc)}"
+            f"(timeout {self.timeout.total_seconds():g}s; a slow peer, e.g. key set-up on a "
+            f"large graph, needs a longer `privdl launch --timeout`): {_one_line(exc)}"
         )
 
     def _exchange(self, flat: torch.Tensor, plan: _Plan, t: int) -> torch.Tensor:

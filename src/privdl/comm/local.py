@@ -21,6 +21,22 @@ SPARSE_ABOVE = 256
 Schedule = MixingMatrix | ExponentialGraph | Callable[[int], MixingMatrix]
 
 
+def sparse_csr(matrix: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scipy sparse matrix as a torch sparse CSR tensor (the product of a mixing matrix above
+    :data:`SPARSE_ABOVE` nodes, here and in the distributed communicator's blocks)."""
+    csr = matrix.tocsr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(csr.indptr.astype(np.int64)),
+            torch.from_numpy(csr.indices.astype(np.int64)),
+            torch.from_numpy(csr.data),
+            size=csr.shape,
+            dtype=dtype,
+            device=device,
+        )
+
+
 class LocalCommunicator(Communicator):
     """Simulates ``n`` nodes in one process with dense or sparse products of ``W`` (or ``P_t``).
 
@@ -54,17 +70,7 @@ class LocalCommunicator(Communicator):
 
     def _to_torch(self, m: MixingMatrix) -> torch.Tensor:
         if m.n > SPARSE_ABOVE:
-            csr = m.matrix.tocsr()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-                return torch.sparse_csr_tensor(
-                    torch.from_numpy(csr.indptr.astype(np.int64)),
-                    torch.from_numpy(csr.indices.astype(np.int64)),
-                    torch.from_numpy(csr.data),
-                    size=csr.shape,
-                    dtype=self.dtype,
-                    device=self.device,
-                )
+            return sparse_csr(m.matrix, dtype=self.dtype, device=self.device)
         return torch.as_tensor(m.dense(), dtype=self.dtype, device=self.device)
 
     def matrix(self, t: int) -> torch.Tensor:
