@@ -145,10 +145,7 @@ def _step(
         clip=c,
         adversary="ldp" if noise == "local" else adversary,
     )
-    note = ""
-    if step.method.startswith("gauss-radau"):
-        note = f"; step RDP bounded from above ({step.method}: Gauss-Radau quadrature)"
-    return float(step.step_rdp), note
+    return float(step.step_rdp), step.bound_note
 
 
 def spent(

@@ -305,11 +305,7 @@ def compose_step(
                     "LEGACY: DECOR code's per-step subsampled RDP value; ignores T and delta; "
                     "NOT a DP guarantee"
                 )
-    if step.method.startswith("gauss-radau"):  # a certified upper bound, not the exact value
-        notes += (
-            f"; step RDP bounded from above ({step.method}: Gauss-Radau quadrature, "
-            "docs/accounting.md section 1)"
-        )
+    notes += step.bound_note  # a certified upper bound, not the exact value
     budget = PrivacyBudget(
         epsilon=eps,
         delta=delta,

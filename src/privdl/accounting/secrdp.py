@@ -147,6 +147,17 @@ class SecRdpStep:
     worst_node: int
     disconnected: bool
 
+    @property
+    def bound_note(self) -> str:
+        """What a budget's notes add when ``step_rdp`` is a certified upper bound
+        (``gauss-radau:K``) rather than the exact value; empty otherwise."""
+        if not self.method.startswith("gauss-radau"):
+            return ""
+        return (
+            f"; step RDP bounded from above ({self.method}: Gauss-Radau quadrature, "
+            "docs/accounting.md section 1)"
+        )
+
 
 def _check_sigmas(sigma_cdp: float, sigma_cor: float, clip: float) -> None:
     if not (sigma_cdp > 0 and math.isfinite(sigma_cdp)):
