@@ -121,7 +121,8 @@ def test_a_small_decor_run_is_the_same_with_and_without_aesni(aesni, monkeypatch
         results.append({k: v for k, v in final.items() if k != "wall_time"})
     assert results[0] == results[1]
     assert np.isfinite(results[0]["optimality_gap"])
-    assert draws.count(True) == draws.count(False) >= 12  # the run drew through both paths
+    # the run drew through both paths (each draw asks at least once; the software path twice)
+    assert draws.count(True) >= 12 and draws.count(False) >= 12
 
 
 def test_the_switch_off_uses_software_aes_and_on_without_the_cpu_is_an_error(

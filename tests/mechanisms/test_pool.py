@@ -53,3 +53,19 @@ def test_nested_calls_run_inline_instead_of_waiting_on_the_pool() -> None:
     worker.join(timeout=30)
     assert not worker.is_alive()
     assert sorted(done) == sorted(list(range(3)) * width)
+
+
+def test_kernel_cpus_leave_torch_its_threads_beside_the_compute() -> None:
+    import torch
+
+    usable = _pool.usable_cpus()
+    assert _pool.kernel_cpus() == usable
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, usable, usable + 3):
+            torch.set_num_threads(t)
+            seen = _pool.beside_compute(_pool.kernel_cpus)()
+            assert seen == max(1, usable - t)
+        assert _pool.kernel_cpus() == usable  # the mark ends with the call
+    finally:
+        torch.set_num_threads(threads)

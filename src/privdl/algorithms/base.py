@@ -33,6 +33,7 @@ import torch
 
 from privdl.comm.base import Communicator
 from privdl.errors import ConfigError
+from privdl.mechanisms._pool import beside_compute
 from privdl.mechanisms.identity import Authenticator
 from privdl.mechanisms.secrets import agree_edge_secrets, node_noise_keys
 from privdl.optim import OptState
@@ -163,7 +164,7 @@ def in_background(fn: Callable[[], T], *, device: torch.device) -> Callable[[], 
         return lambda: value
     if _POOL is None or _POOL[0] != os.getpid():  # one worker per process (forks start afresh)
         _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="privdl-noise"))
-    return _POOL[1].submit(fn).result
+    return _POOL[1].submit(beside_compute(fn)).result  # its kernels leave torch's threads alone
 
 
 #: Draws started one step ahead (:func:`drawn_ahead`): owner tuple, the step it is for, getter.

@@ -13,13 +13,17 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-__all__ = ["MAX_WORKERS", "run_parallel", "usable_cpus"]
+T = TypeVar("T")
+
+__all__ = ["MAX_WORKERS", "beside_compute", "kernel_cpus", "run_parallel", "usable_cpus"]
 
 MAX_WORKERS = 8
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _LOCK = threading.Lock()
 _inside = threading.local()
+_beside = threading.local()
 
 
 def usable_cpus() -> int:
@@ -27,6 +31,32 @@ def usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+def beside_compute(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` marked as running beside the compute (a step's noise drawn in a background thread
+    while torch's threads compute the gradients): the kernels it calls then size themselves by
+    :func:`kernel_cpus`, the CPUs torch leaves, instead of taking every core from the gradients."""
+
+    def marked() -> T:
+        _beside.active = True
+        try:
+            return fn()
+        finally:
+            _beside.active = False
+
+    return marked
+
+
+def kernel_cpus() -> int:
+    """CPUs a noise kernel may use from this thread: all usable ones, or beside the compute
+    (:func:`beside_compute`) those torch's intra-op threads leave, at least one."""
+    cpus = usable_cpus()
+    if getattr(_beside, "active", False):
+        import torch
+
+        cpus -= torch.get_num_threads()
+    return max(1, cpus)
 
 
 def _pool() -> ThreadPoolExecutor:

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from privdl.errors import ConfigError, PrivacyError
+from privdl.mechanisms import _aesni
 from privdl.mechanisms._edges import incident_edges, row_slots
-from privdl.mechanisms._pool import run_parallel, usable_cpus
+from privdl.mechanisms._pool import kernel_cpus, run_parallel
+from privdl.mechanisms._streamed import streamed_decor_rows
 from privdl.mechanisms.fused_noise import (
     fused_available,
     fused_decor_noise,
@@ -190,7 +192,7 @@ def _signed_sum_cpu(
     kind = on.dtype.type  # the multiplies happen in the working dtype
     kernel = _signed_sum_kernel()
     size = on.shape[1]
-    workers = min(_MAX_THREADS, usable_cpus()) if on.size >= _PARALLEL_ELEMENTS else 1
+    workers = min(_MAX_THREADS, kernel_cpus()) if on.size >= _PARALLEL_ELEMENTS else 1
     bounds = np.linspace(0, size, workers + 1).astype(np.int64)
     args = (zn, indptr, slot_edge, sign, use_cor, kind(scale), node_first, kind(cdp_scale), on)
     run_parallel(lambda j: kernel(*args, bounds[j], bounds[j + 1]), workers)
@@ -386,7 +388,14 @@ def _decor_noise_cpu(
             # the prepared keys go straight to the kernel normal_streams would call (same rows)
             key_array = plan.key_array()
             big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES
-            workers = min(len(key_array), _MAX_THREADS, usable_cpus()) if big else 1
+            workers = min(len(key_array), _MAX_THREADS, kernel_cpus()) if big else 1
+            if workers == 1 and _aesni.active():  # one thread: draw and sum in cache
+                streamed_decor_rows(
+                    key_array, counter, out.numpy(), plan.slots(), use_cor=sigma_cor > 0,
+                    cor_scale=sigma_cor, node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
+                    cdp_scale=sigma_cdp,
+                )  # fmt: skip
+                return out
             rows = key_array_rows(key_array, counter, size, workers=workers)
             z = torch.from_numpy(rows).to(dtype=dtype)
         else:

