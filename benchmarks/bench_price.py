@@ -6,11 +6,15 @@ torch step, on the same network, data and CPU, interleaved so load drift hits bo
   layers by direct per-sample gradients or the Gram form ``<G^T G, U^T U>``, whichever is
   cheaper), plus the Gaussian noise and the SGD update;
 * ``plain``: an ``nn.Sequential`` of the same layers, ``loss.backward()`` and
-  ``torch.optim.SGD.step()`` (no clipping, no noise).
+  ``torch.optim.SGD.step()`` (no clipping, no noise);
+* ``step``: what ``privdl run dpsgd`` / ``privdl.train(algorithm="dpsgd")`` steps: the gossip
+  step of :class:`privdl.algorithms.decor.Decor` on one node (``complete:1``) with per-sample
+  clipping and its keyed ``aes-ziggurat`` noise, drawn in a background thread one step ahead
+  (:func:`privdl.algorithms.base.drawn_ahead`), where ``private`` draws ``torch.randn`` inline.
 
 Networks: the Robust-HDP MNIST CNN (conv 1->16 k5, pool, conv 16->32 k5, pool, fc 1568->10;
-p = 28,938) and the DECOR MLP 784-128-10, at batch 64 and 256. The figure is
-``private_over_plain`` (target <= 1.4, issue 37).
+p = 28,938) and the DECOR MLP 784-128-10, at batch 64 and 256. The figures are
+``private_over_plain`` and ``step_over_plain`` (target <= 1.4, issue 37).
 
     python benchmarks/bench_price.py --iters 20 [--threads 1] [--json-out out.json]
 """
@@ -24,8 +28,12 @@ import torch
 from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
 from torch import nn
 
+from privdl.algorithms.base import Keys, StepSize, finish_drawn_ahead
+from privdl.algorithms.dsgd import DSGD
+from privdl.comm.local import LocalCommunicator
 from privdl.engine import ClipSpec, node_gradients
 from privdl.models import build_model
+from privdl.topology import mixing_matrix, parse_graph
 
 CLIP, NOISE, LR = 1.0, 1.0, 0.05
 
@@ -71,13 +79,28 @@ def bench(name: str, batch: int, iters: int) -> dict[str, object]:
         crit(net(xt), yt).backward()
         opt.step()
 
-    priv_t, plain_t = interleaved_seconds([private, plain], iters=iters, warmup=2)
-    p, q = statistics.median(priv_t), statistics.median(plain_t)
+    one = parse_graph("complete:1")
+    comm = LocalCommunicator(mixing_matrix(one, "decor"), dtype=torch.float32)
+    dpsgd = DSGD(StepSize(LR), clip=clip, sigma=NOISE * CLIP / batch)
+
+    def oracle(p, t, *, clip):
+        return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
+
+    box = {"s": dpsgd.init(dict(params), oracle, comm, keys=Keys.from_seed(2))}
+
+    def step() -> None:
+        box["s"], _ = dpsgd.step(box["s"], oracle, comm)
+
+    priv_t, plain_t, step_t = interleaved_seconds([private, plain, step], iters=iters, warmup=2)
+    finish_drawn_ahead()
+    p, q, s = (statistics.median(t) for t in (priv_t, plain_t, step_t))
     return {
         "setting": f"{name} (p={model.num_parameters()}), batch {batch}, clip {CLIP}",
         "private_s": p,
         "plain_s": q,
+        "step_s": s,
         "private_over_plain": p / q,
+        "step_over_plain": s / q,
     }
 
 

@@ -39,12 +39,13 @@ def flatten(tree: Tree) -> torch.Tensor:
 
 def unflatten(flat: torch.Tensor, like: Tree) -> Tree:
     """Split ``(n, P)`` into a tree shaped like the node-stacked ``like`` (views, no copy)."""
-    out, start = {}, 0
-    for name, v in like.items():
-        size = math.prod(v.shape[1:])
-        out[name] = flat[:, start : start + size].reshape(flat.shape[0], *v.shape[1:])
-        start += size
-    return out
+    sizes = [math.prod(v.shape[1:]) for v in like.values()]
+    parts = torch.split(flat, sizes, dim=1)  # one call for every leaf's column range
+    n = flat.shape[0]
+    return {
+        name: part.reshape(n, *v.shape[1:])
+        for (name, v), part in zip(like.items(), parts, strict=True)
+    }
 
 
 def flatten_one(tree: Tree) -> torch.Tensor:

@@ -91,3 +91,21 @@ def test_average_and_weighted_sum():
         assert torch.allclose(ws[k], avg[k])
     b = comm.broadcast(avg)
     assert b["w"].shape == tree["w"].shape
+
+
+def test_one_node_with_unit_weight_mixes_to_the_same_values_without_a_product():
+    """complete:1 (DP-SGD with a trusted aggregator) has W = [[1]]: mix returns the leaves
+    themselves, equal as numbers to the product W @ x, NaN and inf included (the product may
+    turn -0.0 into +0.0, an equal number: the BLAS sums from +0)."""
+    comm = LocalCommunicator(mixing_matrix(parse_graph("complete:1"), "decor"))
+    x = torch.tensor([[-0.0, float("nan"), float("inf"), 1e-45, -3.5]])
+    tree = {"a": x, "b": torch.randn(1, 2, 3)}
+    mixed = comm.mix(tree, 0)
+    for k, v in tree.items():
+        assert mixed[k] is v
+        product = comm._apply(v, 0)  # the general path: W @ x
+        torch.testing.assert_close(product, v, rtol=0, atol=0, equal_nan=True)
+    two = LocalCommunicator(mixing_matrix(parse_graph("complete:2"), "decor"))
+    y = {"a": torch.tensor([[1.0, 2.0], [3.0, 5.0]])}
+    assert two.mix(y, 0)["a"] is not y["a"]
+    assert torch.allclose(two.mix(y, 0)["a"], torch.tensor([[2.0, 3.5], [2.0, 3.5]]))

@@ -182,6 +182,7 @@ class Decor:
                 design=self.noise_design,
             )
 
+        privatized = False
         if self.noise_mode != "float":  # lines 2-3 on the grid (docs/security.md s.4)
             res = oracle(state.params, t, clip=self._inner_clip(size))
             grads = self._secure_gradients(res.grads, state, t, size, owned)
@@ -197,6 +198,7 @@ class Decor:
             noise = unflatten(flat, grads)
             added = torch._foreach_add(list(grads.values()), [noise[k] for k in grads])
             grads = dict(zip(grads, added, strict=True))  # one launch on CUDA
+            privatized = True  # fresh tensors of this step: the update below may reuse them
         opt = state.opt
         if self.optimizer is None:
             # x - eta g (times 1 - eta wd first, if any) as foreach ops: one launch per
@@ -205,7 +207,11 @@ class Decor:
             xs = [state.params[k] for k in names]
             if self.weight_decay:
                 xs = list(torch._foreach_mul(xs, 1.0 - eta * self.weight_decay))
-            steps = torch._foreach_mul([grads[k] for k in names], eta)
+            if privatized:  # the same products, written over the sums instead of new tensors
+                steps = [grads[k] for k in names]
+                torch._foreach_mul_(steps, eta)
+            else:
+                steps = list(torch._foreach_mul([grads[k] for k in names], eta))
             half = dict(zip(names, torch._foreach_sub(xs, steps), strict=True))
         else:  # post-processing of the privatized gradient: the accounting is unchanged
             half, opt = optimizer_step(self.optimizer, grads, opt, state.params, t=t, lr=eta)

@@ -62,6 +62,15 @@ class LocalCommunicator(Communicator):
         self.device = torch.device(device)
         self.dtype = dtype
         self._static = self._to_torch(schedule) if isinstance(schedule, MixingMatrix) else None
+        # one node with W = [[1]] (``complete:1``, DP-SGD with a trusted aggregator): the product
+        # is 1.0 * x, equal to x as a number (the BLAS may give +0.0 for -0.0), so mixing
+        # returns the tree untouched
+        self._identity = (
+            self._static is not None
+            and self.n_nodes == 1
+            and not self._static.is_sparse_csr
+            and float(self._static[0, 0]) == 1.0
+        )
         self._owned = torch.arange(self.n_nodes, device=self.device)
 
     @property
@@ -97,6 +106,8 @@ class LocalCommunicator(Communicator):
         return out.reshape(x.shape)
 
     def mix(self, tree: Tree, t: int) -> Tree:
+        if self._identity:
+            return dict(tree)
         return {k: self._apply(v, t) for k, v in tree.items()}
 
     def push_sum(self, tree: Tree, weight: torch.Tensor, t: int) -> tuple[Tree, torch.Tensor]:
