@@ -190,7 +190,12 @@ class Decor:
         else:
             # drawn while line 2 runs; on a CPU started during the previous step
             owner = (self, comm, state.edge_keys, state.noise_keys, first.dtype)
-            pending = drawn_ahead(owner, t, draw, device=first.device, ahead=self.draw_ahead)
+            noisy = any(self._noise_on())  # D-SGD draws nothing: no worker round trip
+            pending = (
+                drawn_ahead(owner, t, draw, device=first.device, ahead=self.draw_ahead)
+                if noisy
+                else lambda: None
+            )
             res = oracle(state.params, t, clip=self.clip)  # line 2
             grads = res.grads
             flat = pending()

@@ -23,7 +23,7 @@ from privdl.errors import ConfigError, PrivacyError
 from privdl.mechanisms import _aesni
 from privdl.mechanisms._edges import incident_edges, row_slots
 from privdl.mechanisms._pool import kernel_cpus, run_parallel
-from privdl.mechanisms._streamed import streamed_decor_rows
+from privdl.mechanisms._streamed import BLOCK_COLUMNS, streamed_decor_rows
 from privdl.mechanisms.fused_noise import (
     fused_available,
     fused_decor_noise,
@@ -389,7 +389,9 @@ def _decor_noise_cpu(
             key_array = plan.key_array()
             big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES
             workers = min(len(key_array), _MAX_THREADS, kernel_cpus()) if big else 1
-            if workers == 1 and _aesni.active():  # one thread: draw and sum in cache
+            if workers == 1 and size > BLOCK_COLUMNS and _aesni.active():
+                # one thread, long rows: draw and sum them block by block in cache (short rows
+                # gain nothing from blocks and would hold every stream's round keys at once)
                 streamed_decor_rows(
                     key_array, counter, out.numpy(), plan.slots(), use_cor=sigma_cor > 0,
                     cor_scale=sigma_cor, node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
