@@ -31,7 +31,7 @@ import numpy as np
 from privdl.mechanisms import ziggurat
 from privdl.mechanisms.ziggurat import R, initial_block, jit
 
-__all__ = ["BLOCK_COLUMNS", "streamed_decor_rows"]
+__all__ = ["BLOCK_COLUMNS", "streamed_decor_rows", "sum_rows_kernel"]
 
 #: columns per block: 48 streams x 2048 float32 is 393 KB, within a core's L2
 BLOCK_COLUMNS = 2048
@@ -40,14 +40,57 @@ BLOCK_COLUMNS = 2048
 _fill: Any = None
 _expand_key: Any = None
 _encrypt_block: Any = None
+_sum_rows: Any = None
+
+
+@cache
+def sum_rows_kernel() -> Any:
+    """numba: ``sum_rows(z, zc, indptr, slot_edge, slot_sign, use_cor, cor_scale, node_first,
+    cdp_scale, out, c, m)`` sets ``out[r, c:c+m]`` to ``cor_scale * (sum over row r's slots, in
+    order, of sign * z[edge, zc:zc+m])`` when ``use_cor``, plus ``cdp_scale * z[node_first + r,
+    zc:zc+m]`` when ``node_first >= 0``: float ops in this order, never fused into an FMA, the
+    values of the composed torch ops (``correlated_noise + independent_noise``). The signed sum
+    of both CPU paths: the two-stage kernel of :mod:`privdl.mechanisms.correlated` and this
+    module's (both compile it in: after editing it, clear their numba caches too)."""
+    from privdl.mechanisms.ziggurat import jit
+
+    @jit
+    def sum_rows(  # type: ignore[no-untyped-def]
+        z, zc, indptr, slot_edge, slot_sign, use_cor, cor_scale, node_first, cdp_scale, out, c, m
+    ):
+        for r in range(out.shape[0]):
+            row = out[r, c : c + m]
+            if use_cor:
+                row[:] = 0.0
+                for k in range(indptr[r], indptr[r + 1]):
+                    src = z[slot_edge[k], zc : zc + m]
+                    if slot_sign[k] > 0:
+                        for j in range(m):
+                            row[j] = row[j] + src[j]
+                    else:
+                        for j in range(m):
+                            row[j] = row[j] - src[j]
+                for j in range(m):
+                    row[j] = row[j] * cor_scale
+            if node_first >= 0:
+                own = z[node_first + r, zc : zc + m]
+                if use_cor:
+                    for j in range(m):
+                        row[j] = row[j] + own[j] * cdp_scale
+                else:
+                    for j in range(m):
+                        row[j] = own[j] * cdp_scale
+
+    return sum_rows
 
 
 @cache
 def _kernel() -> Any:
-    global _fill, _expand_key, _encrypt_block
+    global _fill, _expand_key, _encrypt_block, _sum_rows
     from privdl.mechanisms._aesni import intrinsics
 
     _fill = ziggurat._kernel()
+    _sum_rows = sum_rows_kernel()
     _expand_key, _encrypt_block = intrinsics()
 
     @jit
@@ -91,28 +134,10 @@ def _kernel() -> Any:
                         pos[s] += used
                         break
                     need *= 2  # the words ran out: redo the stretch with more (same values)
-            for row_index in range(out.shape[0]):  # the signed sum, as correlated's kernel
-                row = out[row_index, b0 : b0 + m]
-                if use_cor:
-                    row[:] = 0.0
-                    for k in range(indptr[row_index], indptr[row_index + 1]):
-                        src = z[slot_edge[k], :m]
-                        if slot_sign[k] > 0:
-                            for c in range(m):
-                                row[c] = row[c] + src[c]
-                        else:
-                            for c in range(m):
-                                row[c] = row[c] - src[c]
-                    for c in range(m):
-                        row[c] = row[c] * cor_scale
-                if node_first >= 0:
-                    own = z[node_first + row_index, :m]
-                    if use_cor:
-                        for c in range(m):
-                            row[c] = row[c] + own[c] * cdp_scale
-                    else:
-                        for c in range(m):
-                            row[c] = own[c] * cdp_scale
+            _sum_rows(  # the nodes' rows of this block from the streams' stretches
+                z, 0, indptr, slot_edge, slot_sign, use_cor, cor_scale, node_first, cdp_scale,
+                out, b0, m,
+            )  # fmt: skip
 
     return streamed
 

@@ -23,7 +23,7 @@ from privdl.errors import ConfigError, PrivacyError
 from privdl.mechanisms import _aesni
 from privdl.mechanisms._edges import incident_edges, row_slots
 from privdl.mechanisms._pool import kernel_cpus, run_parallel
-from privdl.mechanisms._streamed import BLOCK_COLUMNS, streamed_decor_rows
+from privdl.mechanisms._streamed import BLOCK_COLUMNS, streamed_decor_rows, sum_rows_kernel
 from privdl.mechanisms.fused_noise import (
     fused_available,
     fused_decor_noise,
@@ -127,9 +127,10 @@ def correlated_noise(
 
 @cache
 def _signed_sum_kernel() -> Any:
-    """numba, per column block: out[r] = cor_scale * (sum over row r's slots, in order, of
-    sign * z[edge]) when ``use_cor``, plus ``cdp_scale * z[node_first + r]`` when ``node_first >= 0``
-    (float32 ops in this order, never fused into an FMA: the values of the composed torch ops)."""
+    """numba, per column block of 2048: the signed sum of
+    :func:`privdl.mechanisms._streamed.sum_rows_kernel` over ``z``'s columns ``c0:c1``."""
+    global _sum_rows
+    _sum_rows = sum_rows_kernel()  # a module global, not a closure: numba then caches kernel
 
     @jit
     def kernel(
@@ -137,31 +138,16 @@ def _signed_sum_kernel() -> Any:
     ):  # type: ignore[no-untyped-def]
         block = 2048  # columns per pass: the block's z and out rows stay in cache
         for b0 in range(c0, c1, block):
-            b1 = min(b0 + block, c1)
-            for r in range(out.shape[0]):
-                row = out[r, b0:b1]
-                if use_cor:
-                    row[:] = 0.0
-                    for k in range(indptr[r], indptr[r + 1]):
-                        src = z[slot_edge[k], b0:b1]
-                        if slot_sign[k] > 0:
-                            for c in range(b1 - b0):
-                                row[c] = row[c] + src[c]
-                        else:
-                            for c in range(b1 - b0):
-                                row[c] = row[c] - src[c]
-                    for c in range(b1 - b0):
-                        row[c] = row[c] * cor_scale
-                if node_first >= 0:
-                    own = z[node_first + r, b0:b1]
-                    if use_cor:
-                        for c in range(b1 - b0):
-                            row[c] = row[c] + own[c] * cdp_scale
-                    else:
-                        for c in range(b1 - b0):
-                            row[c] = own[c] * cdp_scale
+            m = min(b0 + block, c1) - b0
+            _sum_rows(
+                z, b0, indptr, slot_edge, slot_sign, use_cor, cor_scale, node_first, cdp_scale,
+                out, b0, m,
+            )  # fmt: skip
 
     return kernel
+
+
+_sum_rows: Any = None  # set by _signed_sum_kernel
 
 
 def _signed_sum_cpu(
