@@ -9,6 +9,10 @@ steps in a row, three blocks each in turn):
 * ``decor``: :class:`privdl.algorithms.decor.Decor` ``.step`` (vectorized per-example gradients,
   keyed correlated noise N = K Z through the incidence matrix, independent noise, gossip);
 * ``nonprivate``: :class:`privdl.algorithms.dsgd.DSGD` without clipping or noise, same oracle;
+* on a CPU also ``clipped``: DSGD with DECOR's per-example clipping and no noise, so that
+  ``decor_ahead_over_clipped`` is the price of the noise alone (the unclipped gradient of the
+  stacked linear layers comes back transposed and its update reads it across strides, so here
+  the clipped step is the faster of the two references: docs/engine.md);
 * ``noise``: the noise generation of one DECOR step alone (correlated + independent), one
   iteration per call;
 * ``noise_wait``: how long a DECOR step waits for its noise after its gradients (the getter of
@@ -175,10 +179,12 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
         sigma_cor=SIGMA_COR,
     )
     plain = DSGD(StepSize(LR))
+    clipped = DSGD(StepSize(LR), clip=ClipSpec("per_sample", C))
     keys1 = Keys.from_seed(1)
     box = {
         "d": decor.init(dict(params), oracle, comm, keys=keys1),
         "p": plain.init(dict(params), oracle, comm, keys=keys1),
+        "c": clipped.init(dict(params), oracle, comm, keys=keys1),
     }
 
     box["f"] = decor.init(dict(params), oracle, comm, keys=Keys.from_seed(2))
@@ -212,6 +218,9 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
     def plain_step() -> None:
         box["p"], _ = plain.step(box["p"], oracle, comm)
 
+    def clipped_step() -> None:
+        box["c"], _ = clipped.step(box["c"], oracle, comm)
+
     size = sum(v[0].numel() for v in params.values())
     keys, counter = box["d"], [0]
 
@@ -231,14 +240,15 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
 
     # three rounds of the two steps called in turn, so drift in the machine's load affects both
     # alike; the ratio is the median of the three per-round ratios
-    rounds, fresh = [], []
+    rounds, fresh, clip_only = [], [], []
     if DEVICE.type == "cpu":  # blocks of steps: a draw ahead must not overlap the other steps
-        fns = [decor_step, plain_step, decor_ahead_step]
+        fns = [decor_step, plain_step, decor_ahead_step, clipped_step]
         block_seconds(fns, count=warmup, after=_finish)
         for _ in range(3):
-            t_d, t_p, t_f = block_seconds(fns, count=iters, after=_finish)
+            t_d, t_p, t_f, t_c = block_seconds(fns, count=iters, after=_finish)
             rounds.append((1e3 * t_d, 1e3 * t_p))
             fresh.append(1e3 * t_f)
+            clip_only.append(1e3 * t_c)
     else:
         for _ in range(3):
             t_decor, t_plain = interleaved_seconds(
@@ -258,6 +268,10 @@ def bench_topology(spec: str, *, iters: int, loop_iters: int, warmup: int) -> di
             ],
             "decor_ahead_over_nonprivate": statistics.median(
                 f / r[1] for f, r in zip(fresh, rounds, strict=True)
+            ),
+            "clipped_ms": statistics.median(clip_only),
+            "decor_ahead_over_clipped": statistics.median(
+                f / c for f, c in zip(fresh, clip_only, strict=True)
             ),
         }
     if DEVICE.type == "cuda":  # as before prefetching: one launch pair per step (K = 1)
