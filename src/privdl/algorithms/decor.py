@@ -182,7 +182,6 @@ class Decor:
                 design=self.noise_design,
             )
 
-        privatized = False
         if self.noise_mode != "float":  # lines 2-3 on the grid (docs/security.md s.4)
             res = oracle(state.params, t, clip=self._inner_clip(size))
             grads = self._secure_gradients(res.grads, state, t, size, owned)
@@ -203,7 +202,6 @@ class Decor:
             noise = unflatten(flat, grads)
             added = torch._foreach_add(list(grads.values()), [noise[k] for k in grads])
             grads = dict(zip(grads, added, strict=True))  # one launch on CUDA
-            privatized = True  # fresh tensors of this step: the update below may reuse them
         opt = state.opt
         if self.optimizer is None:
             # x - eta g (times 1 - eta wd first, if any) as foreach ops: one launch per
@@ -212,7 +210,8 @@ class Decor:
             xs = [state.params[k] for k in names]
             if self.weight_decay:
                 xs = list(torch._foreach_mul(xs, 1.0 - eta * self.weight_decay))
-            if privatized:  # the same products, written over the sums instead of new tensors
+            if flat is not None:  # the sums above are this step's own tensors: the same
+                # products written over them instead of into new tensors
                 steps = [grads[k] for k in names]
                 torch._foreach_mul_(steps, eta)
             else:

@@ -65,11 +65,8 @@ class LocalCommunicator(Communicator):
         # one node with W = [[1]] (``complete:1``, DP-SGD with a trusted aggregator): the product
         # is 1.0 * x, equal to x as a number (the BLAS may give +0.0 for -0.0), so mixing
         # returns the tree untouched
-        self._identity = (
-            self._static is not None
-            and self.n_nodes == 1
-            and not self._static.is_sparse_csr
-            and float(self._static[0, 0]) == 1.0
+        self._identity = (  # (one node is always below SPARSE_ABOVE: a dense 1 x 1 W)
+            self._static is not None and self.n_nodes == 1 and float(self._static[0, 0]) == 1.0
         )
         self._owned = torch.arange(self.n_nodes, device=self.device)
 

@@ -17,8 +17,9 @@ is the index of the next unread word (:func:`privdl.mechanisms.ziggurat.fill_cou
 keystream is addressable by block, and the sum does the same float ops in the same order per
 element. Tested against the two-stage path (``tests/mechanisms/test_correlated.py``).
 
-numba's disk cache of the kernel is keyed by this file: after editing the filler in
-``ziggurat.py`` or the intrinsics in ``_aesni.py``, clear ``__pycache__/_streamed.*.nbi|nbc``.
+numba's disk cache of the kernel is keyed by this file: after editing the filler or
+``ctr_blocks`` in ``ziggurat.py`` or the intrinsics in ``_aesni.py``, clear
+``__pycache__/_streamed.*.nbi|nbc``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ BLOCK_COLUMNS = 2048
 # module globals, not closures: numba then caches ``streamed`` (set by _kernel)
 _fill: Any = None
 _expand_key: Any = None
-_encrypt_block: Any = None
+_ctr_blocks: Any = None
 _sum_rows: Any = None
 
 
@@ -86,12 +87,13 @@ def sum_rows_kernel() -> Any:
 
 @cache
 def _kernel() -> Any:
-    global _fill, _expand_key, _encrypt_block, _sum_rows
+    global _fill, _expand_key, _ctr_blocks, _sum_rows
     from privdl.mechanisms._aesni import intrinsics
 
     _fill = ziggurat._kernel()
     _sum_rows = sum_rows_kernel()
-    _expand_key, _encrypt_block = intrinsics()
+    _ctr_blocks = ziggurat.ctr_blocks_kernel()
+    _expand_key, _ = intrinsics()
 
     @jit
     def streamed(  # type: ignore[no-untyped-def]
@@ -106,7 +108,6 @@ def _kernel() -> Any:
         pos = np.zeros(n_streams, dtype=np.int64)  # each stream's next unread word
         z = np.empty((n_streams, block), dtype=np.float32)
         buf = np.empty(2 * ((block + block // 16 + max(extra, 0) + 16) // 4 + 2), dtype=np.uint64)
-        byte = np.uint64(255)
         for b0 in range(0, size, block):
             m = min(block, size - b0)
             for s in range(n_streams):  # the next m normals of stream s
@@ -117,17 +118,7 @@ def _kernel() -> Any:
                     blocks = (skip + need + 3) // 4
                     if 2 * blocks > buf.shape[0]:
                         buf = np.empty(2 * blocks, dtype=np.uint64)
-                    for j in range(blocks):  # block J = AES(nonce || J), J big-endian
-                        u = np.uint64(first + j)
-                        swapped = (
-                            ((u & byte) << np.uint64(56))
-                            | (((u >> np.uint64(8)) & byte) << np.uint64(48))
-                            | (((u >> np.uint64(16)) & byte) << np.uint64(40))
-                            | (((u >> np.uint64(24)) & byte) << np.uint64(32))
-                        )
-                        buf[2 * j], buf[2 * j + 1] = _encrypt_block(
-                            rk[s], nonce_lo, nonce_hi | swapped
-                        )
+                    _ctr_blocks(rk[s], nonce_lo, nonce_hi, first, 0, blocks, buf)
                     words = buf.view(np.uint32)[skip : skip + need]
                     used = _fill(words, z[s, :m], k2, ws, f_tab, r)
                     if used >= 0:

@@ -368,37 +368,38 @@ def _decor_noise_cpu(
     with the values of ``correlated_noise(...) + independent_noise(...)`` bit for bit (each row is
     a pure function of its key, and the kernel does the composed path's float ops in order)."""
     plan = _cpu_plan(edge_keys, edges, n_nodes, node_keys, nodes, sigma_cor > 0, sigma_cdp > 0)
-    out = torch.zeros((plan.n_rows, size), dtype=dtype)
-    if size and plan.streams:
-        if resolve_backend(backend, "cpu") == "aes-ziggurat" and batched(size):
-            # the prepared keys go straight to the kernel normal_streams would call (same rows)
-            key_array = plan.key_array()
-            big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES
-            workers = min(len(key_array), _MAX_THREADS, kernel_cpus()) if big else 1
-            if workers == 1 and size > BLOCK_COLUMNS and _aesni.active():
-                # one thread, long rows: draw and sum them block by block in cache (short rows
-                # gain nothing from blocks and would hold every stream's round keys at once)
-                streamed_decor_rows(
-                    key_array, counter, out.numpy(), plan.slots(), use_cor=sigma_cor > 0,
-                    cor_scale=sigma_cor, node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
-                    cdp_scale=sigma_cdp,
-                )  # fmt: skip
-                return out
-            rows = key_array_rows(key_array, counter, size, workers=workers)
-            z = torch.from_numpy(rows).to(dtype=dtype)
-        else:
-            z = normal_streams(plan.streams, counter, size, dtype=dtype, backend=backend)
-        _signed_sum_cpu(
-            out,
-            z,
-            plan.lower,
-            plan.upper,
-            sigma_cor,
-            use_cor=sigma_cor > 0,
-            node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
-            cdp_scale=sigma_cdp,
-            slots=plan.slots(),
-        )
+    if not (size and plan.streams):
+        return torch.zeros((plan.n_rows, size), dtype=dtype)
+    out = torch.empty((plan.n_rows, size), dtype=dtype)  # the signed sums write every element
+    if resolve_backend(backend, "cpu") == "aes-ziggurat" and batched(size):
+        # the prepared keys go straight to the kernel normal_streams would call (same rows)
+        key_array = plan.key_array()
+        big = len(key_array) * size * 4 >= _PARALLEL_ZIGGURAT_BYTES
+        workers = min(len(key_array), _MAX_THREADS, kernel_cpus()) if big else 1
+        if workers == 1 and size > BLOCK_COLUMNS and _aesni.active():
+            # one thread, long rows: draw and sum them block by block in cache (short rows
+            # gain nothing from blocks and would hold every stream's round keys at once)
+            streamed_decor_rows(
+                key_array, counter, out.numpy(), plan.slots(), use_cor=sigma_cor > 0,
+                cor_scale=sigma_cor, node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
+                cdp_scale=sigma_cdp,
+            )  # fmt: skip
+            return out
+        rows = key_array_rows(key_array, counter, size, workers=workers)
+        z = torch.from_numpy(rows).to(dtype=dtype)
+    else:
+        z = normal_streams(plan.streams, counter, size, dtype=dtype, backend=backend)
+    _signed_sum_cpu(
+        out,
+        z,
+        plan.lower,
+        plan.upper,
+        sigma_cor,
+        use_cor=sigma_cor > 0,
+        node_first=plan.n_edge_streams if sigma_cdp > 0 else -1,
+        cdp_scale=sigma_cdp,
+        slots=plan.slots(),
+    )
     return out
 
 

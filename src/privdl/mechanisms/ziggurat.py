@@ -437,21 +437,45 @@ def _batched_kernel() -> Any:
 
 
 @cache
-def _batched_kernel_aesni() -> Any:
-    """:func:`_batched_kernel` with AES-256 by the CPU's AES instructions
-    (:mod:`privdl.mechanisms._aesni`): the same keystream words, the same filler."""
-    global _fill_rows_jit
-    _fill_rows_jit = _kernel()
+def ctr_blocks_kernel() -> Any:
+    """numba (AES-NI): ``ctr_blocks(rk, nonce_lo, nonce_hi, first, start, stop, buf)`` writes the
+    keystream blocks ``first + j`` for ``start <= j < stop`` to ``buf[2 j], buf[2 j + 1]``: block J
+    is AES-256 under the round keys ``rk`` of ``nonce || J``, J big-endian in the last 4 bytes
+    (the layout's initial counter block plus J). Read as little-endian uint32 the halves are the
+    keystream's words in order. Shared by the batched rows and the streamed DECOR draw."""
     from privdl.mechanisms._aesni import intrinsics
 
     global _expand_key, _encrypt_block
     _expand_key, _encrypt_block = intrinsics()
 
     @jit
+    def ctr_blocks(rk, nonce_lo, nonce_hi, first, start, stop, buf):  # type: ignore[no-untyped-def]
+        byte = np.uint64(255)
+        for j in range(start, stop):
+            u = np.uint64(first + j)
+            swapped = (
+                ((u & byte) << np.uint64(56))
+                | (((u >> np.uint64(8)) & byte) << np.uint64(48))
+                | (((u >> np.uint64(16)) & byte) << np.uint64(40))
+                | (((u >> np.uint64(24)) & byte) << np.uint64(32))
+            )
+            buf[2 * j], buf[2 * j + 1] = _encrypt_block(rk, nonce_lo, nonce_hi | swapped)
+
+    return ctr_blocks
+
+
+@cache
+def _batched_kernel_aesni() -> Any:
+    """:func:`_batched_kernel` with AES-256 by the CPU's AES instructions
+    (:mod:`privdl.mechanisms._aesni`): the same keystream words, the same filler."""
+    global _fill_rows_jit, _ctr_blocks
+    _fill_rows_jit = _kernel()
+    _ctr_blocks = ctr_blocks_kernel()  # sets _expand_key too
+
+    @jit
     def rows(keys, nonce_lo, nonce_hi, out, k2, ws, f_tab, r, first, start, stop):  # type: ignore[no-untyped-def]
         rk = np.empty(30, dtype=np.uint64)
         buf = np.empty((first + 3) // 4 * 2, dtype=np.uint64)  # block j: buf[2 j], buf[2 j + 1]
-        byte = np.uint64(255)
         for k in range(start, stop):
             _expand_key(keys[k, 0], keys[k, 1], keys[k, 2], keys[k, 3], rk)
             n_words = first
@@ -462,15 +486,7 @@ def _batched_kernel_aesni() -> Any:
                     grown = np.empty(2 * blocks, dtype=np.uint64)
                     grown[: 2 * made] = buf[: 2 * made]
                     buf = grown
-                for j in range(made, blocks):  # block j = AES(nonce || j), j big-endian
-                    u = np.uint64(j)
-                    swapped = (
-                        ((u & byte) << np.uint64(56))
-                        | (((u >> np.uint64(8)) & byte) << np.uint64(48))
-                        | (((u >> np.uint64(16)) & byte) << np.uint64(40))
-                        | (((u >> np.uint64(24)) & byte) << np.uint64(32))
-                    )
-                    buf[2 * j], buf[2 * j + 1] = _encrypt_block(rk, nonce_lo, nonce_hi | swapped)
+                _ctr_blocks(rk, nonce_lo, nonce_hi, 0, made, blocks, buf)
                 made = blocks
                 # little-endian uint64 halves read as uint32 words: the keystream's words in order
                 if _fill_rows_jit(buf.view(np.uint32)[:n_words], out[k], k2, ws, f_tab, r) >= 0:
@@ -485,6 +501,7 @@ def _batched_kernel_aesni() -> Any:
 # (``__pycache__/ziggurat.*.nbi|nbc``) or the old code keeps running.
 _expand_key: Any = None
 _encrypt_block: Any = None
+_ctr_blocks: Any = None  # set by _batched_kernel_aesni
 
 
 def _batched_words(size: int) -> int:
