@@ -108,7 +108,8 @@ def step_rdp(
     design: Any = None,
 ) -> float:
     """Per-step RDP slope at the replace-one sensitivity of the run's privacy unit (``design``:
-    a :class:`~privdl.mechanisms.noise_design.NoiseDesign` instead of the two sigmas)."""
+    a :class:`~privdl.mechanisms.noise_design.NoiseDesign` or a trusted dealer's
+    :class:`~privdl.mechanisms.dealer.DealerCovariance` instead of the two sigmas)."""
     return _step(
         cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
         design=design,
@@ -163,6 +164,8 @@ def spent(
     delta = target_delta(cfg)
     unit = privacy_unit(cfg, task)
     threat = threat_model(noise, adversary)
+    if getattr(design, "trusted_dealer", False):  # Whisper's noise: the dealer sees it all
+        threat = f"{threat}+trusted-dealer"
     rho, bound_note = _step(
         cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
         design=design,

@@ -67,3 +67,26 @@ def test_run_decor_uses_the_design_file_and_accounts_it(tmp_path, capsys) -> Non
     assert privacy["threat_model"] == "eavesdropper"
     assert main([*run, "--noise-design", str(path), "--sigma", "1", "--overwrite"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_whisper_covariance_file_runs_with_a_dealer_label(tmp_path, capsys) -> None:
+    """--whisper-out writes the certified free covariance; a run accounts it against the
+    eavesdropper with the trusted dealer in its label and refuses curious users (exit 2)."""
+    pytest.importorskip("cvxpy")
+    path = tmp_path / "w.json"
+    assert main([*BASE, "--whisper", "--whisper-out", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "trusted-dealer" in data["whisper_epsilon_label"]
+    run = ["run", "decor", "--task", "least-squares", "--graph", "er:10:0.6:1", "--steps", "50",
+           "--clip", "1", "--set", "clip_mode=batch_mean", "--set", "eval_every=50",
+           "--noise-design", str(path), "--out", str(tmp_path / "r")]  # fmt: skip
+    assert main(run) == 0
+    capsys.readouterr()
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().strip().splitlines()
+    privacy = json.loads(lines[-1])["privacy"]
+    assert privacy["threat_model"] == "eavesdropper+trusted-dealer"
+    assert privacy["epsilon"] <= 3.0 and privacy["epsilon"] == pytest.approx(3.0, rel=1e-6)
+    assert main([*run, "--adversary", "curious", "--overwrite"]) == 2
+    assert "eavesdropper only" in capsys.readouterr().err
+    assert main([*BASE, "--whisper-out", str(path)]) == 2
+    assert "needs --whisper" in capsys.readouterr().err

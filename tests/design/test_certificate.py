@@ -80,7 +80,39 @@ def test_accuracy_grid_is_at_equal_accounted_epsilon_and_resumes(tmp_path: Path)
     assert [r["method"] for r in first["rows"]] == list(GRID_METHODS)
     for row in first["rows"]:
         assert 9.99 <= row["epsilon_accounted"] <= 10.0 + 1e-9, row
-    assert (tmp_path / "accuracy_grid.png").exists()
+        assert ("trusted-dealer" in row["label"]) == (row["method"] == "whisper"), row
     again = run_accuracy_grid(tmp_path, **kwargs)
     assert again["cells_reused"] == len(GRID_METHODS)
     assert [r["accuracy"] for r in again["rows"]] == [r["accuracy"] for r in first["rows"]]
+    curious = run_accuracy_grid(tmp_path, adversary="curious", **kwargs)
+    assert [r["method"] for r in curious["rows"]] == [m for m in GRID_METHODS if m != "whisper"]
+    for row in curious["rows"]:
+        assert 9.99 <= row["epsilon_accounted"] <= 10.0 + 1e-9, row
+    with pytest.raises(ValueError, match="whisper"):
+        run_accuracy_grid(tmp_path, adversary="curious", methods=("whisper",), **kwargs)
+
+
+def test_merged_grid_keeps_old_rows_and_borrows_only_threat_free_methods() -> None:
+    from privdl.experiments.noise_design import merge_grid
+
+    def row(method: str, seed: int, acc: float) -> dict:
+        return {"p": 0.2, "graph": "g", "method": method, "seed": seed, "accuracy": acc}
+
+    def grid(*rows: dict) -> dict:
+        return {"setting": {}, "rows": list(rows), "seconds": 1.0, "train_seconds": 1.0,
+                "cells_reused": 0}  # fmt: skip
+
+    old = grid(row("design", 1, 0.5), row("cdp", 1, 0.8))
+    new = grid(row("design", 1, 0.6), row("whisper", 1, 0.7))
+    merged = merge_grid(old, new)
+    assert [(r["method"], r["accuracy"]) for r in merged["rows"]] == [
+        ("design", 0.6), ("whisper", 0.7), ("cdp", 0.8)
+    ]  # fmt: skip
+    assert len(merged["runs"]) == 2
+    eaves = [row("ldp", 1, 0.1), row("design", 1, 0.9), row("cdp", 1, 0.8)]
+    curious = merge_grid(None, grid(row("design", 1, 0.4)), borrowed=eaves)
+    assert [(r["method"], r["accuracy"]) for r in curious["rows"]] == [
+        ("ldp", 0.1), ("design", 0.4), ("cdp", 0.8)
+    ]  # fmt: skip
+    assert curious["borrowed"] == ["cdp", "ldp"]
+    assert curious["rows"][0]["borrowed_from"] == "eavesdropper"

@@ -28,6 +28,7 @@ independent noise (g_C = 0) makes Sigma singular: an infinite slope.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -45,11 +46,13 @@ from privdl.accounting.secrdp import (
     parse_adversary,
 )
 from privdl.errors import PrivacyError
+from privdl.mechanisms.dealer import DealerCovariance
 from privdl.mechanisms.noise_design import NoiseDesign
 from privdl.topology.graphs import Topology
 
 __all__ = [
     "account_design",
+    "dealer_step_rdp",
     "design_step_rdp",
     "sigma_inverse_diagonal_design",
     "weighted_laplacian",
@@ -116,9 +119,37 @@ def _naive_diagonal(node_var: np.ndarray, lap: np.ndarray) -> np.ndarray:
     return np.diag(np.linalg.inv(np.diag(node_var) + lap)).copy()
 
 
+def dealer_step_rdp(
+    dealer: DealerCovariance,
+    *,
+    clip: float = 1.0,
+    adversary: str | int | Adversary = "eavesdropper",
+) -> SecRdpStep:
+    """Per-step RDP slope of a trusted dealer's noise (:mod:`privdl.mechanisms.dealer`) against
+    the outside eavesdropper: it sees every node's privatized gradient g + Z, Z ~ N(0, Sigma) per
+    coordinate, and replacing honest user i's clipped gradient shifts row i by at most 2C, so
+
+        eps_step = (2C)^2 / 2 * max_i [Sigma^{-1}]_ii = 2 C^2 max_i [Sigma^{-1}]_ii
+
+    (the Gaussian mechanism's Renyi divergence; Whisper D-SGD, Rodio et al., arXiv 2501.14644,
+    Section 4, eq. (7)). Other threat models are refused: they assume no trusted party, and the
+    dealer sees every node's noise (docs/noise-design.md)."""
+    if not (clip > 0 and math.isfinite(clip)):
+        raise PrivacyError(f"clip must be a positive finite number, got {clip}")
+    adv = parse_adversary(adversary)
+    if adv.kind != "eavesdropper":
+        raise PrivacyError(
+            f"a dealer's covariance (Whisper D-SGD) is accounted against the eavesdropper only, "
+            f"not {adv.label}: it needs a trusted dealer who sees every node's noise"
+        )
+    diag = dealer.inverse_diagonal()
+    i = int(np.argmax(diag))
+    return SecRdpStep(2.0 * clip**2 * float(diag[i]), 0, adv.label, "dealer", (), i, False)
+
+
 def design_step_rdp(
     graph: Topology,
-    design: NoiseDesign,
+    design: NoiseDesign | DealerCovariance,
     *,
     clip: float = 1.0,
     adversary: str | int | Adversary = "eavesdropper",
@@ -146,6 +177,8 @@ def design_step_rdp(
     edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
     n = int(graph.n)
     design.check_graph(edges, n)
+    if isinstance(design, DealerCovariance):
+        return dealer_step_rdp(design, clip=clip, adversary=adv)
     edges, w, d = design.edges, design.edge_var, design.node_var
     if adv.kind == "ldp":
         if np.any(d <= 0):
@@ -301,7 +334,7 @@ def _curious_lowrank(
 
 def account_design(
     graph: Topology,
-    design: NoiseDesign,
+    design: NoiseDesign | DealerCovariance,
     *,
     clip: float = 1.0,
     steps: int,
@@ -316,7 +349,8 @@ def account_design(
     force: bool = False,
     method: str = "auto",
 ) -> DecorAccount:
-    """(eps, delta)-SecLDP of T steps of DECOR with ``design``: the slope of
+    """(eps, delta)-SecLDP of T steps of DECOR with ``design`` (or of a trusted dealer's noise,
+    :func:`dealer_step_rdp`, labelled ``eavesdropper+trusted-dealer``): the slope of
     :func:`design_step_rdp` composed exactly as DECOR's (:func:`privdl.accounting.decor.
     compose_step`; user level by default, example level with ``sampling_rate``)."""
     adv = parse_adversary(adversary)
@@ -328,7 +362,7 @@ def account_design(
         graph, design, clip=step_clip, adversary=adv, method=method,
         max_subsets=max_subsets, force=force,
     )  # fmt: skip
-    return compose_step(
+    account = compose_step(
         step,
         clip=clip,
         steps=steps,
@@ -339,3 +373,9 @@ def account_design(
         sampling=sampling,
         neighbouring=neighbouring,
     )
+    if isinstance(design, DealerCovariance):  # the label says who must be trusted
+        budget = dataclasses.replace(
+            account.budget, threat_model=f"{account.budget.threat_model}+trusted-dealer"
+        )
+        account = dataclasses.replace(account, budget=budget)
+    return account

@@ -36,6 +36,7 @@ from privdl.comm.base import Communicator
 from privdl.engine.grads import ClipSpec
 from privdl.errors import ConfigError
 from privdl.mechanisms.correlated import decor_noise
+from privdl.mechanisms.dealer import DealerCovariance
 from privdl.mechanisms.discrete_gaussian import (
     grid_for,
     secure_edge_noise,
@@ -85,8 +86,10 @@ class Decor:
     #: clipped gradient is snapped to it (:mod:`privdl.mechanisms.discrete_gaussian`)
     noise_mode: Literal["float", "secure", "secure-exact"] = "float"
     #: a variance per node and per edge instead of the two sigmas
-    #: (:class:`~privdl.mechanisms.noise_design.NoiseDesign`, docs/noise-design.md)
-    noise_design: NoiseDesign | None = None
+    #: (:class:`~privdl.mechanisms.noise_design.NoiseDesign`, docs/noise-design.md), or a
+    #: trusted dealer's covariance across nodes (:class:`~privdl.mechanisms.dealer.
+    #: DealerCovariance`, Whisper D-SGD's noise; simulation only)
+    noise_design: NoiseDesign | DealerCovariance | None = None
     #: on a CPU, start step t + 1's noise draw when step t takes its own
     #: (:func:`~privdl.algorithms.base.drawn_ahead`; the same values): on the idle 2-core CPU
     #: the MNIST step took 3.67x / 2.91x the non-private one (torus / ring) against 3.93x /
@@ -111,6 +114,8 @@ class Decor:
         """(correlated, independent): whether edge secrets / node noise keys are needed."""
         if self.noise_design is None:
             return self.sigma_cor > 0, self.sigma_cdp > 0
+        if isinstance(self.noise_design, DealerCovariance):  # every node's own stream, mixed
+            return False, True
         return bool(np.any(self.noise_design.edge_var > 0)), bool(
             np.any(self.noise_design.node_var > 0)
         )
@@ -123,6 +128,11 @@ class Decor:
         see :func:`privdl.mechanisms.agree_edge_secrets`).
         """
         nodes = held_nodes(comm, params)
+        if isinstance(self.noise_design, DealerCovariance) and len(nodes) != self.n_nodes:
+            raise ConfigError(
+                "a dealer's covariance is simulated in one process holding every node "
+                f"(this one holds {len(nodes)} of {self.n_nodes})"
+            )
         edge_keys: tuple[bytes | None, ...] = ()
         correlated, independent = self._noise_on()
         if correlated:

@@ -46,6 +46,11 @@ from privdl.errors import ConfigError, PrivacyError
 )  # fmt: skip
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the design (JSON) for `privdl run decor --noise-design FILE`.")  # fmt: skip
+@click.option(
+    "--whisper-out", type=click.Path(dir_okay=False), default=None,
+    help="With --whisper: write its covariance (JSON) for `privdl run decor --noise-design "
+    "FILE` (a simulated trusted dealer; eavesdropper only).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def design_noise_cmd(
     graph_spec: str,
@@ -60,6 +65,7 @@ def design_noise_cmd(
     max_seconds: float | None,
     whisper: bool,
     out_path: str | None,
+    whisper_out: str | None,
     as_json: bool,
 ) -> None:
     """Optimize DECOR's per-node and per-edge noise for (epsilon, delta)."""
@@ -69,8 +75,11 @@ def design_noise_cmd(
 
     _positive("--epsilon", epsilon)
     _positive("--clip", clip)
-    if out_path is not None and Path(out_path).parent.exists() is False:
-        raise ConfigError(f"--out {out_path!r}: no such directory")
+    for flag, path in (("--out", out_path), ("--whisper-out", whisper_out)):
+        if path is not None and not Path(path).parent.exists():
+            raise ConfigError(f"{flag} {path!r}: no such directory")
+    if whisper_out is not None and not whisper:
+        raise ConfigError("--whisper-out needs --whisper")
     if adversary.strip().lower() == "ldp":
         raise PrivacyError("--adversary ldp has no correlated noise to design")
     topo = parse_graph(graph_spec)
@@ -86,7 +95,9 @@ def design_noise_cmd(
         click.echo(f"warning: {w}", err=True)
     if out_path is not None:
         save_design(result.design, out_path)
-    out = {"graph": graph_spec, **result.to_dict(), "out": out_path}
+    if whisper_out is not None and result.whisper is not None:
+        result.whisper.save(whisper_out)
+    out = {"graph": graph_spec, **result.to_dict(), "out": out_path, "whisper_out": whisper_out}
     if as_json:
         click.echo(json.dumps(out, default=_json_default, allow_nan=True))
         return

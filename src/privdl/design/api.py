@@ -25,6 +25,7 @@ from privdl.accounting.design import account_design
 from privdl.design.first_order import ConstraintOracle, solve_first_order
 from privdl.design.objective import Problem, best_scalar, make_problem, residual_matrix
 from privdl.errors import PrivacyError
+from privdl.mechanisms.dealer import DealerCovariance
 from privdl.mechanisms.noise_design import NoiseDesign
 from privdl.topology.graphs import Topology
 from privdl.topology.mixing import mixing_matrix
@@ -55,6 +56,10 @@ class DesignResult:
     bound: float  # b = eps_step / (2 C^2)
     solver: dict[str, Any] = field(default_factory=dict)
     residual_whisper: float | None = None
+    #: Whisper's free covariance at the same target, certified by the dealer's accountant
+    #: (:func:`privdl.accounting.design.dealer_step_rdp`; needs a trusted dealer)
+    whisper: DealerCovariance | None = None
+    whisper_account: DecorAccount | None = None
 
     @property
     def residual_ratio_vs_decor(self) -> float:
@@ -85,6 +90,9 @@ class DesignResult:
             },
             "decor_scalar": {"sigma_cdp": self.decor_sigmas[0], "sigma_cor": self.decor_sigmas[1]},
             "epsilon_accounted": budget.epsilon,
+            "whisper_epsilon_label": (
+                None if self.whisper_account is None else self.whisper_account.budget.label()
+            ),
             "epsilon_label": budget.label(),
             "budget": budget.to_dict(),
             "step_rdp": self.account.step_rdp,
@@ -189,23 +197,16 @@ def design_noise(
         "solver": facts.get("method"),
     }
     design = NoiseDesign(node / bound, edge / bound, topology.edges, meta)
-    account = account_design(
-        topology, design, clip=clip, steps=steps, delta=delta, adversary=problem.adversary,
-        conversion=conversion,
-    )  # fmt: skip
-    for _ in range(8):  # rounding above the target: scale every variance up (eps falls)
-        if account.epsilon <= epsilon:
-            break
-        design = design.scaled(account.step_rdp / rho * (1.0 + 1e-12))
-        account = account_design(
-            topology, design, clip=clip, steps=steps, delta=delta, adversary=problem.adversary,
+    design, account = _certified(
+        design, lambda d: account_design(
+            topology, d, clip=clip, steps=steps, delta=delta, adversary=problem.adversary,
             conversion=conversion,
-        )  # fmt: skip
-    if account.epsilon > epsilon:  # pragma: no cover - the scaling above always lands
-        raise PrivacyError(f"the design could not be certified at epsilon = {epsilon}")
+        ), epsilon, rho,
+    )  # fmt: skip
     m_res = residual_matrix(w_mix, horizon)
     ones = np.ones(topology.n)
     residual_whisper = None
+    whisper_cov, whisper_account = None, None
     if whisper:
         if problem.adversary != "eavesdropper" or topology.n > WHISPER_LIMIT:
             raise PrivacyError(
@@ -215,7 +216,15 @@ def design_noise(
 
         sigma_w, _ = solve_whisper(m_res)
         fmax = float(np.max(np.diag(np.linalg.inv(sigma_w))))
-        residual_whisper = float(np.trace(m_res @ sigma_w)) * fmax / bound
+        whisper_cov = DealerCovariance(
+            sigma_w * (fmax / bound), {"kind": "whisper-free-covariance", **meta, "solver": "cvxpy"}
+        )
+        whisper_cov, whisper_account = _certified(
+            whisper_cov, lambda d: account_design(
+                topology, d, clip=clip, steps=steps, delta=delta, conversion=conversion
+            ), epsilon, rho,
+        )  # fmt: skip
+        residual_whisper = float(np.trace(m_res @ whisper_cov.covariance))
     return DesignResult(
         design=design,
         account=account,
@@ -229,7 +238,23 @@ def design_noise(
         bound=bound,
         solver=facts,
         residual_whisper=residual_whisper,
+        whisper=whisper_cov,
+        whisper_account=whisper_account,
     )
+
+
+def _certified(design: Any, account_of: Any, epsilon: float, rho: float) -> tuple[Any, Any]:
+    """``design`` and the accountant's certificate, every variance scaled up while rounding
+    puts the accounted epsilon above the target (epsilon falls as the noise grows)."""
+    account = account_of(design)
+    for _ in range(8):
+        if account.epsilon <= epsilon:
+            break
+        design = design.scaled(account.step_rdp / rho * (1.0 + 1e-12))
+        account = account_of(design)
+    if account.epsilon > epsilon:  # pragma: no cover - the scaling above always lands
+        raise PrivacyError(f"the design could not be certified at epsilon = {epsilon}")
+    return design, account
 
 
 def value_of_scalar(problem: Problem, s2: float, c2: float) -> float:

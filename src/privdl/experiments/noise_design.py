@@ -22,7 +22,9 @@ in how the noise is spread over nodes and edges. Quick mode: a9a only, a short r
 
 from __future__ import annotations
 
+import json
 import warnings
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -405,14 +407,17 @@ REPRODUCTIONS = [
 
 
 #: The accuracy grid (issue 33): every method at equal accounted epsilon on every p.
-GRID_METHODS = ("ldp", "decor_scalar", "design", "cdp")
+GRID_METHODS = ("ldp", "decor_scalar", "design", "whisper", "cdp")
 GRID_NAMES = {
     "ldp": "LDP",
     "decor_scalar": "DECOR scalar",
     "design": "edge-optimized",
-    "whisper": "Whisper",
+    "whisper": "Whisper (trusted dealer)",
     "cdp": "CDP",
 }
+#: the methods whose noise and accountant do not depend on the threat model of DECOR's family
+#: (LDP: each node's own noise, the ``ldp`` closed form; CDP: the central Gaussian)
+THREAT_FREE = ("ldp", "cdp")
 
 
 def run_accuracy_grid(
@@ -424,28 +429,34 @@ def run_accuracy_grid(
     steps: int | None = None,
     epsilon: float = 10.0,
     delta: float = 1e-5,
+    adversary: str = "eavesdropper",
+    methods: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """a9a logistic regression (user level, eavesdropper) at equal accounted epsilon for LDP,
-    DECOR's best scalar pair, the edge-optimized design (K = 10) and CDP, on the first connected
-    Erdos-Renyi graph (n = 20) of every p, training seeds ``seeds``; every finished run is a cell
-    under ``cells`` (:class:`~privdl.experiments.RunCells`: a cut-off grid resumes). LDP and CDP are
-    calibrated by the run itself (``epsilon``), DECOR's pair and the design by scaling their
-    variances until the run's own accountant gives ``epsilon``. Writes ``accuracy_grid.png`` into
-    ``out`` and returns the rows and the table (``summary.json: accuracy_grid``).
-
-    Whisper's free covariance is not trained: privdl has no trusted dealer's noise source (its
-    residual noise is in the residual tables)."""
+    """a9a logistic regression (user level) at equal accounted epsilon against ``adversary`` for
+    LDP, DECOR's best scalar pair, the edge-optimized design (K = 10), Whisper's free covariance
+    (eavesdropper only: drawn by a simulated trusted dealer, :mod:`privdl.mechanisms.dealer`) and
+    CDP, on the first connected Erdos-Renyi graph (n = 20) of every p, training seeds ``seeds``;
+    every finished run is a cell under ``cells`` (:class:`~privdl.experiments.RunCells`: a
+    cut-off grid resumes). LDP and CDP are calibrated by the run itself (``epsilon``), the others
+    by scaling their variances until the run's own accountant gives ``epsilon``. ``methods``
+    (default: every method valid against ``adversary``) picks a subset. Returns the rows and the
+    table (``summary.json: accuracy_grid``, or ``accuracy_grid_<adversary>``)."""
     import time
 
     from privdl.accounting.secrdp import PrivacyWarning
     from privdl.design.api import design_noise
     from privdl.experiments import RunCells
     from privdl.experiments.decor import _simulate, non_private
-    from privdl.mechanisms.noise_design import save_design
     from privdl.registry import make_config
     from privdl.tasks import build_task
     from privdl.topology import parse_graph
 
+    valid = tuple(m for m in GRID_METHODS if adversary == "eavesdropper" or m != "whisper")
+    methods = valid if methods is None else methods
+    if set(methods) - set(valid):
+        raise ValueError(
+            f"methods {sorted(set(methods) - set(valid))} not valid against {adversary}"
+        )
     started = time.perf_counter()
     store = RunCells(cells, resume=True)
     spec = ACCURACY["a9a"]
@@ -458,34 +469,45 @@ def run_accuracy_grid(
             graph = f"er:20:{p}:{_connected_seeds(20, p, 1)[0]}"
             topo = parse_graph(graph)
             base = {**common, **run_spec, "graph": graph, "delta": delta, "eval_every": 10**9,
-                    "algorithm": "decor", "adversary": "eavesdropper"}  # fmt: skip
+                    "algorithm": "decor", "adversary": adversary}  # fmt: skip
             designed = design_noise(
                 topo, epsilon=epsilon, delta=delta, steps=int(base["steps"]),
-                clip=float(base["clip"]), adversary="eavesdropper", horizon=10,
+                clip=float(base["clip"]), adversary=adversary, horizon=10,
+                whisper="whisper" in methods,
             )  # fmt: skip
             s_cdp, s_cor = designed.decor_sigmas
             task = build_task(make_config({**non_private(base), "sigma": 1.0}))
             run_eps = partial(_run_epsilon, make_config({**base, "sigma": 1.0}), topo, task)
-            f_scalar = _scaled_to_epsilon(partial(run_eps, sigma=s_cdp, sigma_cor=s_cor), epsilon)
-            f_design = _scaled_to_epsilon(partial(run_eps, design=designed.design), epsilon)
-            path = cells / f"design-{graph.replace(':', '_')}.json"
-            save_design(designed.design.scaled(f_design), path)
-            extras = {
+            extras: dict[str, dict[str, Any]] = {
                 "ldp": {"algorithm": "ldp", "epsilon": epsilon},
-                "decor_scalar": {
-                    "sigma": s_cdp * f_scalar**0.5,
-                    "sigma_cor": s_cor * f_scalar**0.5,
-                },
-                "design": {"noise_design": str(path)},
                 "cdp": {"algorithm": "cdp", "epsilon": epsilon},
             }
-            for method in GRID_METHODS:
+            scales: dict[str, float] = {}
+            if "decor_scalar" in methods:
+                f = _scaled_to_epsilon(partial(run_eps, sigma=s_cdp, sigma_cor=s_cor), epsilon)
+                extras["decor_scalar"] = {"sigma": s_cdp * f**0.5, "sigma_cor": s_cor * f**0.5}
+            noises: dict[str, Any] = {"design": designed.design, "whisper": designed.whisper}
+            for method in ("design", "whisper"):
+                if method in methods:
+                    f = scales[method] = _scaled_to_epsilon(
+                        partial(run_eps, design=noises[method]), epsilon
+                    )
+                    path = cells / f"{method}-{adversary}-{graph.replace(':', '_')}.json"
+                    scaled = noises[method].scaled(f).to_dict()  # what load_design reads
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(scaled) + "\n")
+                    extras[method] = {"noise_design": str(path), "_noise": scaled}
+            for method in methods:
                 for seed in seeds:
-                    values = {**base, **extras[method], "seed": seed}
+                    extra = dict(extras[method])
+                    noise = extra.pop("_noise", None)
+                    values = {**base, **extra, "seed": seed}
+                    if method in THREAT_FREE:  # their runs are the same against any adversary
+                        values["adversary"] = "eavesdropper"
                     key = {"grid": "noise-design-accuracy", **values,
-                           "design_scale": f_design if method == "design" else None}  # fmt: skip
-                    if method == "design":  # the file's path is not part of the run's identity
-                        key["noise_design"] = designed.design.scaled(f_design).to_dict()
+                           "design_scale": scales.get(method)}  # fmt: skip
+                    if noise is not None:  # the file's path is not part of the run's identity
+                        key["noise_design"] = noise
 
                     def compute(values: dict[str, Any] = values) -> dict[str, Any]:
                         t0 = time.perf_counter()
@@ -501,14 +523,14 @@ def run_accuracy_grid(
 
                     got = store.run(key, compute)
                     rows.append({"p": p, "graph": graph, "method": method, "seed": seed,
+                                 "adversary": adversary,
                                  "residual_ratio_vs_decor": designed.residual_ratio_vs_decor,
                                  **got})  # fmt: skip
-    _grid_figure(out, rows)
     return {
         "setting": {
             "dataset": "a9a",
             "level": "user",
-            "adversary": "eavesdropper",
+            "adversary": adversary,
             "epsilon": epsilon,
             "delta": delta,
             "horizon": 10,
@@ -516,7 +538,6 @@ def run_accuracy_grid(
             "run": {**common, **run_spec},
         },  # fmt: skip
         "rows": rows,
-        "table": _grid_table(rows),
         "seconds": time.perf_counter() - started,
         "cells_reused": store.kept,
         "train_seconds": sum(r["seconds"] for r in rows),
@@ -536,50 +557,102 @@ def _grid_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _grid_figure(out: Path, rows: list[dict[str, Any]]) -> None:
+def _grid_figure(out: Path, rows: list[dict[str, Any]], adversary: str) -> str:
+    """The grid's figure (mean +- std per method and p); returns its file name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    name = "accuracy_grid.png" if adversary == "eavesdropper" else f"accuracy_grid_{adversary}.png"
     if not rows:
-        return
+        return name
     out.mkdir(parents=True, exist_ok=True)
     ps = list(dict.fromkeys(r["p"] for r in rows))
+    methods = [m for m in GRID_METHODS if any(r["method"] == m for r in rows)]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for k, method in enumerate(m for m in GRID_METHODS if any(r["method"] == m for r in rows)):
+    for k, method in enumerate(methods):
         acc = [[r["accuracy"] for r in rows if r["p"] == p and r["method"] == method] for p in ps]
         ax.errorbar(
-            np.asarray(ps) + 0.012 * (k - 1.5), [np.mean(a) for a in acc],
+            np.asarray(ps) + 0.012 * (k - (len(methods) - 1) / 2), [np.mean(a) for a in acc],
             yerr=[np.std(a) for a in acc], marker="o", capsize=3, label=GRID_NAMES[method],
         )  # fmt: skip
     ax.set_xlabel("Erdos-Renyi p (n = 20)")
     ax.set_ylabel("test accuracy")
-    ax.set_title("a9a, eavesdropper, equal accounted epsilon = 10 (delta 1e-5)", fontsize=9)
+    ax.set_title(f"a9a, {adversary}, equal accounted epsilon = 10 (delta 1e-5)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "accuracy_grid.png", dpi=150)
+    fig.savefig(out / name, dpi=150)
     plt.close(fig)
+    return name
+
+
+def merge_grid(
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    *,
+    borrowed: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """``new``'s rows over ``old``'s (a run of the same p, method and seed replaces the old one),
+    plus ``borrowed`` rows of the threat-model-free methods (:data:`THREAT_FREE`) that neither
+    has (a curious grid shows the eavesdropper grid's LDP and CDP runs: the same runs).
+    Rows are ordered by p, then method, then seed."""
+    rows = {(r["p"], r["method"], r["seed"]): r for r in (old or {}).get("rows", [])}
+    rows.update({(r["p"], r["method"], r["seed"]): r for r in new["rows"]})
+    taken = []
+    for r in borrowed:
+        if r["method"] in THREAT_FREE and (r["p"], r["method"], r["seed"]) not in rows:
+            rows[(r["p"], r["method"], r["seed"])] = {**r, "borrowed_from": "eavesdropper"}
+            taken.append(r["method"])
+    order = {m: k for k, m in enumerate(GRID_METHODS)}
+    merged = sorted(rows.values(), key=lambda r: (r["p"], order[r["method"]], r["seed"]))
+    runs = list((old or {}).get("runs", []))
+    if old is not None and not runs:  # a grid written before runs were listed
+        runs = [{"seconds": old.get("seconds"), "train_seconds": old.get("train_seconds"),
+                 "cells_reused": old.get("cells_reused")}]  # fmt: skip
+    runs.append({
+        "methods": sorted({r["method"] for r in new["rows"]}), "seconds": new["seconds"],
+        "train_seconds": new["train_seconds"], "cells_reused": new["cells_reused"],
+    })  # fmt: skip
+    return {
+        "setting": new["setting"],
+        "rows": merged,
+        "table": _grid_table(merged),
+        "borrowed": sorted(set(taken)),
+        "runs": runs,
+    }
 
 
 def _main() -> None:
-    """``python -m privdl.experiments.noise_design OUT CELLS``: the accuracy grid into OUT's
-    summary.json (key ``accuracy_grid``), report.md (its section) and accuracy_grid.png."""
-    import json
+    """``python -m privdl.experiments.noise_design OUT CELLS [ADVERSARY [METHOD,...]]``: the
+    accuracy grid against ADVERSARY (default eavesdropper) into OUT's summary.json (key
+    ``accuracy_grid``, or ``accuracy_grid_<adversary>``), report.md (its section) and the figure;
+    rows of methods not run are kept from the summary."""
     import sys
 
     from privdl.records import write_json_atomic
 
     out, cells = Path(sys.argv[1]), Path(sys.argv[2])
-    grid = run_accuracy_grid(out, cells=cells)
+    adversary = sys.argv[3] if len(sys.argv) > 3 else "eavesdropper"
+    methods = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else None
+    grid = run_accuracy_grid(out, cells=cells, adversary=adversary, methods=methods)
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    summary["accuracy_grid"] = grid
+    key = _grid_key(adversary)
+    borrowed = summary.get("accuracy_grid", {}).get("rows", []) if key != "accuracy_grid" else []
+    merged = merge_grid(summary.get(key), grid, borrowed=borrowed)
+    merged["figure"] = _grid_figure(out, merged["rows"], adversary)
+    summary[key] = merged
     write_json_atomic(summary_path, summary)
     report_path = out / "report.md"
     report = report_path.read_text() if report_path.exists() else ""
-    report = report.split(GRID_HEADING)[0].rstrip("\n") + "\n\n" + _grid_report(grid)
+    sections = [_grid_report(summary[k]) for k in sorted(summary) if k.startswith("accuracy_grid")]
+    report = report.split(GRID_HEADING)[0].rstrip("\n") + "\n\n" + "\n".join(sections)
     report_path.write_text(report)
+
+
+def _grid_key(adversary: str) -> str:
+    return "accuracy_grid" if adversary == "eavesdropper" else f"accuracy_grid_{adversary}"
 
 
 GRID_HEADING = "## Accuracy grid: every method and p"
@@ -588,16 +661,35 @@ GRID_HEADING = "## Accuracy grid: every method and p"
 def _grid_report(grid: dict[str, Any]) -> str:
     s = grid["setting"]
     labels = sorted({r["label"] for r in grid["rows"]})
+    whisper = (
+        "Whisper's free covariance is drawn by a simulated trusted dealer (Z = L xi over the "
+        "nodes' own streams) and accounted against the eavesdropper (label "
+        "`eavesdropper+trusted-dealer`)."
+        if any(r["method"] == "whisper" for r in grid["rows"])
+        else "Whisper's free covariance is not valid against this threat model (it needs a "
+        "trusted dealer) and is not trained."
+    )
+    borrowed = (
+        f" The {', '.join(GRID_NAMES[m] for m in grid['borrowed'])} columns are the "
+        "eavesdropper grid's runs: their noise and accountant do not depend on the threat model."
+        if grid.get("borrowed")
+        else ""
+    )
+    runs = "; ".join(
+        f"{', '.join(r.get('methods') or ['first grid'])}: {r['seconds']:.0f} s wall "
+        f"({r['train_seconds']:.0f} s training, {r['cells_reused']} runs reused from cells)"
+        for r in grid.get("runs", [grid])
+    )
+    heading = GRID_HEADING + ("" if s["adversary"] == "eavesdropper" else f" ({s['adversary']})")
     return (
-        f"{GRID_HEADING}\n\na9a logistic regression, user level, {s['adversary']}, equal accounted "
+        f"{heading}\n\na9a logistic regression, user level, {s['adversary']}, equal accounted "
         f"epsilon = {s['epsilon']} (delta {s['delta']}): the first connected Erdos-Renyi graph "
         "(n = 20) of every p, Metropolis W; test accuracy of the average model, mean ± std over "
-        f"training seeds {s['seeds']}. LDP and CDP calibrated by the run, DECOR's pair and the "
-        "design (K = 10) scaled until the run's accountant gives the target. Whisper's free "
-        "covariance is not trained (privdl has no trusted dealer's noise source). Figure: "
-        f"accuracy_grid.png.\n\n{grid['table']}\nepsilon: " + "; ".join(labels) + "\n\n"
-        f"Run time: {grid['seconds']:.0f} s wall ({grid['train_seconds']:.0f} s training, "
-        f"{grid['cells_reused']} runs reused from cells).\n"
+        f"training seeds {s['seeds']}. LDP and CDP calibrated by the run, DECOR's pair, the "
+        f"design (K = 10) and Whisper scaled until the run's accountant gives the target. "
+        f"{whisper}{borrowed} Figure: {grid.get('figure', 'accuracy_grid.png')}.\n\n{grid['table']}\nepsilon: "
+        + "; ".join(labels)
+        + f"\n\nRun time: {runs}.\n"
     )
 
 

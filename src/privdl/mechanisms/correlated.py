@@ -24,6 +24,7 @@ from privdl.mechanisms import _aesni
 from privdl.mechanisms._edges import incident_edges, row_slots
 from privdl.mechanisms._pool import kernel_cpus, run_parallel
 from privdl.mechanisms._streamed import BLOCK_COLUMNS, streamed_decor_rows, sum_rows_kernel
+from privdl.mechanisms.dealer import DealerCovariance, dealer_noise
 from privdl.mechanisms.fused_noise import (
     fused_available,
     fused_decor_noise,
@@ -262,7 +263,7 @@ def decor_noise(
     nodes: Sequence[int] | None = None,
     backend: NormalBackend = "auto",
     prefetch: bool = False,
-    design: NoiseDesign | None = None,
+    design: NoiseDesign | DealerCovariance | None = None,
 ) -> torch.Tensor | None:
     """A DECOR step's noise ``sum_{j in N_i} v_ij + vbar_i`` for the requested rows (Alg 1 line 3,
     eq. 3), or None when both sigmas are 0.
@@ -279,7 +280,16 @@ def decor_noise(
     variance per node and per edge: edge e's stream is scaled by sqrt(w_e) and node i's own stream
     by s_i (the same streams, so the correlated part still cancels). A uniform design is DECOR's
     scalar noise and gives its values bit for bit; another one takes :func:`_designed_noise`.
+    A :class:`~privdl.mechanisms.dealer.DealerCovariance` replaces the whole noise by a trusted
+    dealer's ``L xi`` over every node's own stream (simulation only: ``nodes`` must be all).
     """
+    if isinstance(design, DealerCovariance):
+        design.check_graph(edges, n_nodes)
+        if nodes is not None and list(nodes) != list(range(n_nodes)):
+            raise ConfigError("the dealer's noise is drawn for all nodes in one process")
+        return dealer_noise(
+            node_keys, counter, size, dealer=design, dtype=dtype, device=device, backend=backend
+        )
     if design is not None:
         design.check_graph(as_edge_array(edges, n_nodes), n_nodes)
         scalar = design.uniform_sigmas

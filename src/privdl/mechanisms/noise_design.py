@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from privdl.errors import ConfigError
+from privdl.mechanisms.dealer import DEALER_FORMAT, DealerCovariance
 
 __all__ = ["FORMAT", "NoiseDesign", "load_design", "save_design"]
 
@@ -184,8 +185,9 @@ def save_design(design: NoiseDesign, path: str | Path) -> None:
     Path(path).write_text(json.dumps(design.to_dict(), indent=1) + "\n")
 
 
-def load_design(path: str | Path) -> NoiseDesign:
-    """Read a design written by :func:`save_design` (one-line errors)."""
+def load_design(path: str | Path) -> NoiseDesign | DealerCovariance:
+    """Read a design written by :func:`save_design`, or a trusted dealer's covariance
+    (:class:`~privdl.mechanisms.dealer.DealerCovariance`, its own format tag; one-line errors)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -194,4 +196,6 @@ def load_design(path: str | Path) -> NoiseDesign:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"noise design {str(path)!r} is not JSON: {exc.msg}") from None
+    if isinstance(data, dict) and data.get("format") == DEALER_FORMAT:
+        return DealerCovariance.from_dict(data)
     return NoiseDesign.from_dict(data)
