@@ -100,6 +100,27 @@ def test_whisper_free_covariance_is_a_lower_reference_for_the_eavesdropper() -> 
     assert whisper <= ours * (1 + 1e-6)  # the free covariance contains every edge-wise design
 
 
+def test_whisper_by_scs_above_the_interior_point_limit_matches_clarabel(monkeypatch) -> None:
+    """The large-n route (SCS at tight tolerances) against the interior-point one (Clarabel) on
+    the same problem: their certified objectives (each made feasible) agree to 1e-4."""
+    from privdl.design import convex
+
+    topo = erdos_renyi(12, 0.4, 1)
+    m = residual_matrix(mixing_matrix(topo, "metropolis").dense(), 3)
+
+    def certified() -> tuple[float, str]:
+        sigma, facts = solve_whisper(m)
+        return float(np.trace(m @ sigma)) * float(np.max(np.diag(np.linalg.inv(sigma)))), facts[
+            "solver"
+        ]
+
+    ipm, ipm_solver = certified()
+    monkeypatch.setattr(convex, "WHISPER_IPM_LIMIT", 5)
+    first_order, fo_solver = certified()
+    assert (ipm_solver, fo_solver) == ("CLARABEL", "SCS")
+    assert first_order == pytest.approx(ipm, rel=1e-4)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_curious_deletion_form_matches_one_inverse_per_deleted_vertex(seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -431,8 +431,11 @@ def run_accuracy_grid(
     delta: float = 1e-5,
     adversary: str = "eavesdropper",
     methods: tuple[str, ...] | None = None,
+    dataset: str = "a9a",
+    data_dir: str | None = None,
 ) -> dict[str, Any]:
-    """a9a logistic regression (user level) at equal accounted epsilon against ``adversary`` for
+    """``dataset`` (:data:`ACCURACY`: a9a logistic regression at user level, or the MNIST MLP at
+    example level; ``data_dir`` as ``--data-dir``) at equal accounted epsilon against ``adversary`` for
     LDP, DECOR's best scalar pair, the edge-optimized design (K = 10), Whisper's free covariance
     (eavesdropper only: drawn by a simulated trusted dealer, :mod:`privdl.mechanisms.dealer`) and
     CDP, on the first connected Erdos-Renyi graph (n = 20) of every p, training seeds ``seeds``;
@@ -459,10 +462,11 @@ def run_accuracy_grid(
         )
     started = time.perf_counter()
     store = RunCells(cells, resume=True)
-    spec = ACCURACY["a9a"]
+    spec = ACCURACY[dataset]
     run_spec = {**spec["run"], **({"steps": steps} if steps else {})}
     common = _accuracy_settings(False)["common"]
     rows: list[dict[str, Any]] = []
+    data = {} if data_dir is None else {"data_dir": data_dir}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrivacyWarning)
         for p in ps:
@@ -476,7 +480,7 @@ def run_accuracy_grid(
                 whisper="whisper" in methods,
             )  # fmt: skip
             s_cdp, s_cor = designed.decor_sigmas
-            task = build_task(make_config({**non_private(base), "sigma": 1.0}))
+            task = build_task(make_config({**non_private(base), **data, "sigma": 1.0}))
             run_eps = partial(_run_epsilon, make_config({**base, "sigma": 1.0}), topo, task)
             extras: dict[str, dict[str, Any]] = {
                 "ldp": {"algorithm": "ldp", "epsilon": epsilon},
@@ -492,7 +496,7 @@ def run_accuracy_grid(
                     f = scales[method] = _scaled_to_epsilon(
                         partial(run_eps, design=noises[method]), epsilon
                     )
-                    path = cells / f"{method}-{adversary}-{graph.replace(':', '_')}.json"
+                    path = cells / f"{dataset}-{method}-{adversary}-{graph.replace(':', '_')}.json"
                     scaled = noises[method].scaled(f).to_dict()  # what load_design reads
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(scaled) + "\n")
@@ -501,11 +505,13 @@ def run_accuracy_grid(
                 for seed in seeds:
                     extra = dict(extras[method])
                     noise = extra.pop("_noise", None)
-                    values = {**base, **extra, "seed": seed}
+                    values = {**base, **extra, **data, "seed": seed}
                     if method in THREAT_FREE:  # their runs are the same against any adversary
                         values["adversary"] = "eavesdropper"
+                    # the run's identity: not where the data or the noise file lie
                     key = {"grid": "noise-design-accuracy", **values,
                            "design_scale": scales.get(method)}  # fmt: skip
+                    key.pop("data_dir", None)
                     if noise is not None:  # the file's path is not part of the run's identity
                         key["noise_design"] = noise
 
@@ -523,13 +529,13 @@ def run_accuracy_grid(
 
                     got = store.run(key, compute)
                     rows.append({"p": p, "graph": graph, "method": method, "seed": seed,
-                                 "adversary": adversary,
+                                 "adversary": adversary, "dataset": dataset,
                                  "residual_ratio_vs_decor": designed.residual_ratio_vs_decor,
                                  **got})  # fmt: skip
     return {
         "setting": {
-            "dataset": "a9a",
-            "level": "user",
+            "dataset": dataset,
+            "level": spec["level"],
             "adversary": adversary,
             "epsilon": epsilon,
             "delta": delta,
@@ -557,16 +563,15 @@ def _grid_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _grid_figure(out: Path, rows: list[dict[str, Any]], adversary: str) -> str:
-    """The grid's figure (mean +- std per method and p); returns its file name."""
+def _grid_figure(out: Path, rows: list[dict[str, Any]], name: str, title: str) -> None:
+    """The grid's figure ``out / name``: mean +- std per method and p."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    name = "accuracy_grid.png" if adversary == "eavesdropper" else f"accuracy_grid_{adversary}.png"
     if not rows:
-        return name
+        return
     out.mkdir(parents=True, exist_ok=True)
     ps = list(dict.fromkeys(r["p"] for r in rows))
     methods = [m for m in GRID_METHODS if any(r["method"] == m for r in rows)]
@@ -579,12 +584,11 @@ def _grid_figure(out: Path, rows: list[dict[str, Any]], adversary: str) -> str:
         )  # fmt: skip
     ax.set_xlabel("Erdos-Renyi p (n = 20)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"a9a, {adversary}, equal accounted epsilon = 10 (delta 1e-5)", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / name, dpi=150)
     plt.close(fig)
-    return name
 
 
 def merge_grid(
@@ -624,24 +628,37 @@ def merge_grid(
 
 
 def _main() -> None:
-    """``python -m privdl.experiments.noise_design OUT CELLS [ADVERSARY [METHOD,...]]``: the
-    accuracy grid against ADVERSARY (default eavesdropper) into OUT's summary.json (key
-    ``accuracy_grid``, or ``accuracy_grid_<adversary>``), report.md (its section) and the figure;
-    rows of methods not run are kept from the summary."""
-    import sys
+    """``python -m privdl.experiments.noise_design OUT CELLS [--adversary A] [--methods M,...]
+    [--dataset a9a|mnist] [--data-dir DIR]``: the accuracy grid into OUT's summary.json (key
+    :func:`grid_key`), report.md (one section per grid) and its figure; rows of methods not run
+    are kept from the summary, and a grid against insiders shows the eavesdropper grid's LDP and
+    CDP runs where it did not run them (:func:`merge_grid`)."""
+    import argparse
 
     from privdl.records import write_json_atomic
 
-    out, cells = Path(sys.argv[1]), Path(sys.argv[2])
-    adversary = sys.argv[3] if len(sys.argv) > 3 else "eavesdropper"
-    methods = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else None
-    grid = run_accuracy_grid(out, cells=cells, adversary=adversary, methods=methods)
+    parser = argparse.ArgumentParser(prog="python -m privdl.experiments.noise_design")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("cells", type=Path)
+    parser.add_argument("--adversary", default="eavesdropper")
+    parser.add_argument("--methods", default=None, help="comma-separated (default: all valid)")
+    parser.add_argument("--dataset", default="a9a", choices=sorted(ACCURACY))
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args()
+    out = args.out
+    methods = tuple(args.methods.split(",")) if args.methods else None
+    grid = run_accuracy_grid(
+        out, cells=args.cells, adversary=args.adversary, methods=methods, dataset=args.dataset,
+        data_dir=args.data_dir,
+    )  # fmt: skip
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    key = _grid_key(adversary)
-    borrowed = summary.get("accuracy_grid", {}).get("rows", []) if key != "accuracy_grid" else []
+    key = grid_key(args.adversary, args.dataset)
+    eavesdropper = summary.get(grid_key("eavesdropper", args.dataset), {})
+    borrowed = eavesdropper.get("rows", []) if args.adversary != "eavesdropper" else []
     merged = merge_grid(summary.get(key), grid, borrowed=borrowed)
-    merged["figure"] = _grid_figure(out, merged["rows"], adversary)
+    merged["figure"] = key + ".png"
+    _grid_figure(out, merged["rows"], merged["figure"], _grid_title(grid["setting"]))
     summary[key] = merged
     write_json_atomic(summary_path, summary)
     report_path = out / "report.md"
@@ -651,8 +668,21 @@ def _main() -> None:
     report_path.write_text(report)
 
 
-def _grid_key(adversary: str) -> str:
-    return "accuracy_grid" if adversary == "eavesdropper" else f"accuracy_grid_{adversary}"
+def grid_key(adversary: str, dataset: str = "a9a") -> str:
+    """The summary key of a grid: ``accuracy_grid`` (a9a, eavesdropper), with ``_<dataset>``
+    and ``_<adversary>`` appended for the others."""
+    return (
+        "accuracy_grid"
+        + ("" if dataset == "a9a" else f"_{dataset}")
+        + ("" if adversary == "eavesdropper" else f"_{adversary}")
+    )
+
+
+def _grid_title(setting: dict[str, Any]) -> str:
+    return (
+        f"{setting['dataset']}, {setting['level']} level, {setting['adversary']}, "
+        f"equal accounted epsilon = {setting['epsilon']:g} (delta {setting['delta']:g})"
+    )
 
 
 GRID_HEADING = "## Accuracy grid: every method and p"
@@ -680,9 +710,15 @@ def _grid_report(grid: dict[str, Any]) -> str:
         f"({r['train_seconds']:.0f} s training, {r['cells_reused']} runs reused from cells)"
         for r in grid.get("runs", [grid])
     )
-    heading = GRID_HEADING + ("" if s["adversary"] == "eavesdropper" else f" ({s['adversary']})")
+    dataset = s.get("dataset", "a9a")
+    heading = GRID_HEADING + (
+        ""
+        if (dataset, s["adversary"]) == ("a9a", "eavesdropper")
+        else f" ({dataset}, {s['adversary']})"
+    )
+    model = "logistic regression" if dataset == "a9a" else "MLP 784-128-10"
     return (
-        f"{heading}\n\na9a logistic regression, user level, {s['adversary']}, equal accounted "
+        f"{heading}\n\n{dataset} {model}, {s.get('level', 'user')} level, {s['adversary']}, equal accounted "
         f"epsilon = {s['epsilon']} (delta {s['delta']}): the first connected Erdos-Renyi graph "
         "(n = 20) of every p, Metropolis W; test accuracy of the average model, mean ± std over "
         f"training seeds {s['seeds']}. LDP and CDP calibrated by the run, DECOR's pair, the "
