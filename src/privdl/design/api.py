@@ -214,11 +214,11 @@ def design_noise(
             )
         from privdl.design.convex import solve_whisper
 
-        sigma_w, _ = solve_whisper(m_res)
+        sigma_w, whisper_facts = solve_whisper(m_res)
         fmax = float(np.max(np.diag(np.linalg.inv(sigma_w))))
-        whisper_cov = DealerCovariance(
-            sigma_w * (fmax / bound), {"kind": "whisper-free-covariance", **meta, "solver": "cvxpy"}
-        )
+        whisper_meta = {**meta, "kind": "whisper-free-covariance", "adversary": "eavesdropper"}
+        whisper_meta["solver"] = whisper_facts["solver"]
+        whisper_cov = DealerCovariance(sigma_w * (fmax / bound), whisper_meta)
         whisper_cov, whisper_account = _certified(
             whisper_cov, lambda d: account_design(
                 topology, d, clip=clip, steps=steps, delta=delta, conversion=conversion

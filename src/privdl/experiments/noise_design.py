@@ -575,7 +575,7 @@ def _grid_figure(out: Path, rows: list[dict[str, Any]], name: str, title: str) -
     out.mkdir(parents=True, exist_ok=True)
     ps = list(dict.fromkeys(r["p"] for r in rows))
     methods = [m for m in GRID_METHODS if any(r["method"] == m for r in rows)]
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for k, method in enumerate(methods):
         acc = [[r["accuracy"] for r in rows if r["p"] == p and r["method"] == method] for p in ps]
         ax.errorbar(
@@ -658,8 +658,8 @@ def _main() -> None:
     borrowed = eavesdropper.get("rows", []) if args.adversary != "eavesdropper" else []
     merged = merge_grid(summary.get(key), grid, borrowed=borrowed)
     merged["figure"] = key + ".png"
-    _grid_figure(out, merged["rows"], merged["figure"], _grid_title(grid["setting"]))
     summary[key] = merged
+    render_grid_figures(out, summary)
     write_json_atomic(summary_path, summary)
     report_path = out / "report.md"
     report = report_path.read_text() if report_path.exists() else ""
@@ -679,10 +679,20 @@ def grid_key(adversary: str, dataset: str = "a9a") -> str:
 
 
 def _grid_title(setting: dict[str, Any]) -> str:
+    dataset = {"a9a": "a9a logistic regression", "mnist": "MNIST MLP"}[setting["dataset"]]
     return (
-        f"{setting['dataset']}, {setting['level']} level, {setting['adversary']}, "
+        f"{dataset}, {setting['level']} level, {setting['adversary']}\n"
         f"equal accounted epsilon = {setting['epsilon']:g} (delta {setting['delta']:g})"
     )
+
+
+def render_grid_figures(out: Path, summary: dict[str, Any]) -> None:
+    """Every grid's figure in ``summary`` (``accuracy_grid*`` keys) into ``out``."""
+    for key in sorted(summary):
+        if key.startswith("accuracy_grid"):
+            grid = summary[key]
+            setting = {"dataset": "a9a", "level": "user", **grid["setting"]}
+            _grid_figure(out, grid["rows"], grid.get("figure", key + ".png"), _grid_title(setting))
 
 
 GRID_HEADING = "## Accuracy grid: every method and p"
