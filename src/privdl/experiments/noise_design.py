@@ -678,8 +678,12 @@ def grid_key(adversary: str, dataset: str = "a9a") -> str:
     )
 
 
+#: how the reports and figures name each grid's dataset and model
+GRID_DATASETS = {"a9a": "a9a logistic regression", "mnist": "MNIST MLP 784-128-10"}
+
+
 def _grid_title(setting: dict[str, Any]) -> str:
-    dataset = {"a9a": "a9a logistic regression", "mnist": "MNIST MLP"}[setting["dataset"]]
+    dataset = GRID_DATASETS[setting["dataset"]]
     return (
         f"{dataset}, {setting['level']} level, {setting['adversary']}\n"
         f"equal accounted epsilon = {setting['epsilon']:g} (delta {setting['delta']:g})"
@@ -726,9 +730,8 @@ def _grid_report(grid: dict[str, Any]) -> str:
         if (dataset, s["adversary"]) == ("a9a", "eavesdropper")
         else f" ({dataset}, {s['adversary']})"
     )
-    model = "logistic regression" if dataset == "a9a" else "MLP 784-128-10"
     return (
-        f"{heading}\n\n{dataset} {model}, {s.get('level', 'user')} level, {s['adversary']}, equal accounted "
+        f"{heading}\n\n{GRID_DATASETS[dataset]}, {s.get('level', 'user')} level, {s['adversary']}, equal accounted "
         f"epsilon = {s['epsilon']} (delta {s['delta']}): the first connected Erdos-Renyi graph "
         "(n = 20) of every p, Metropolis W; test accuracy of the average model, mean ± std over "
         f"training seeds {s['seeds']}. LDP and CDP calibrated by the run, DECOR's pair, the "
