@@ -164,8 +164,11 @@ def spent(
     delta = target_delta(cfg)
     unit = privacy_unit(cfg, task)
     threat = threat_model(noise, adversary)
-    if getattr(design, "trusted_dealer", False):  # Whisper's noise: the dealer sees it all
-        threat = f"{threat}+trusted-dealer"
+    if design is not None:  # (imported here: the accountants load without the noise code)
+        from privdl.mechanisms.dealer import DealerCovariance, dealer_threat
+
+        if isinstance(design, DealerCovariance):  # Whisper's noise: the dealer sees it all
+            threat = dealer_threat(threat)
     rho, bound_note = _step(
         cfg, topo, task, noise=noise, adversary=adversary, sigma=sigma, sigma_cor=sigma_cor,
         design=design,

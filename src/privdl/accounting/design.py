@@ -46,7 +46,7 @@ from privdl.accounting.secrdp import (
     parse_adversary,
 )
 from privdl.errors import PrivacyError
-from privdl.mechanisms.dealer import DealerCovariance
+from privdl.mechanisms.dealer import DealerCovariance, dealer_threat
 from privdl.mechanisms.noise_design import NoiseDesign
 from privdl.topology.graphs import Topology
 
@@ -375,7 +375,7 @@ def account_design(
     )
     if isinstance(design, DealerCovariance):  # the label says who must be trusted
         budget = dataclasses.replace(
-            account.budget, threat_model=f"{account.budget.threat_model}+trusted-dealer"
+            account.budget, threat_model=dealer_threat(account.budget.threat_model)
         )
         account = dataclasses.replace(account, budget=budget)
     return account

@@ -20,17 +20,25 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from privdl.errors import ConfigError
 
-__all__ = ["DEALER_FORMAT", "DealerCovariance", "dealer_noise"]
+if TYPE_CHECKING:  # torch is imported where the noise is drawn: the accountants need no torch
+    import torch
+
+__all__ = ["DEALER_FORMAT", "DealerCovariance", "dealer_noise", "dealer_threat"]
 
 #: The ``format`` tag of a saved dealer covariance (JSON).
 DEALER_FORMAT = "privdl-dealer-covariance/1"
+
+
+def dealer_threat(threat_model: str) -> str:
+    """The threat-model label of a budget whose noise came from the dealer: the dealer, who sees
+    every node's noise, must be trusted too."""
+    return f"{threat_model}+trusted-dealer"
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,9 +49,6 @@ class DealerCovariance:
     covariance: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
     _factor: np.ndarray = field(init=False, repr=False)
-
-    #: every consumer checks this flag: the noise needs a trusted dealer
-    trusted_dealer = True
 
     def __post_init__(self) -> None:
         try:
@@ -132,12 +137,14 @@ def dealer_noise(
     size: int,
     *,
     dealer: DealerCovariance,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     backend: Any = "auto",
 ) -> torch.Tensor:
     """Every node's row of ``Z = L xi`` at step ``counter`` (module docstring): ``node_keys``
-    are all n nodes' noise keys in node order; returns ``(n, size)``."""
+    are all n nodes' noise keys in node order; returns ``(n, size)`` (``dtype`` None: float32)."""
+    import torch
+
     from privdl.mechanisms.correlated import independent_noise
 
     if len(node_keys) != dealer.n:
@@ -145,6 +152,7 @@ def dealer_noise(
             f"the dealer's noise needs all {dealer.n} nodes' keys in one process (simulation "
             f"only), got {len(node_keys)}"
         )
+    dtype = torch.float32 if dtype is None else dtype
     work = torch.float64 if dtype == torch.float64 else torch.float32
     unit = independent_noise(
         node_keys, counter, size, sigma=1.0, dtype=work, device=device, backend=backend
