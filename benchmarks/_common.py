@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -25,16 +27,40 @@ def apply_malloc_flag(args: argparse.Namespace) -> bool:
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags every benchmark takes: ``--threads``, ``--json-out`` and ``--no-tune-malloc``."""
+    """The flags every benchmark takes: ``--threads``, ``--json-out``, ``--no-tune-malloc`` and
+    ``--no-limit-spin``."""
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json-out", default=None)
     add_malloc_flag(parser)
+    parser.add_argument(
+        "--no-limit-spin",
+        action="store_true",
+        help="leave OpenMP's spin-wait as it is (privdl commands limit it: privdl.openmp)",
+    )
+
+
+def apply_openmp_flag(args: argparse.Namespace) -> str:
+    """Limit OpenMP's spin-wait as ``privdl`` does (:mod:`privdl.openmp`) unless
+    ``--no-limit-spin``. libgomp reads it when torch loads, which the script has done by now, so
+    the script is started again with it in its environment. Returns the setting for the JSON."""
+    from privdl.openmp import SPIN_COUNT
+
+    if getattr(args, "no_limit_spin", False):
+        return os.environ.get("GOMP_SPINCOUNT", "default")
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        env = {**os.environ, "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    return f"OMP_WAIT_POLICY={policy}" if policy else os.environ["GOMP_SPINCOUNT"]
 
 
 def apply_run_flags(args: argparse.Namespace) -> bool:
-    """Apply ``--threads`` and the malloc flag; returns whether malloc was tuned (for the JSON)."""
+    """Apply the OpenMP spin limit, ``--threads`` and the malloc flag; returns whether malloc was
+    tuned (for the JSON)."""
     import torch
 
+    args.openmp_spin = apply_openmp_flag(args)
     tuned = apply_malloc_flag(args)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -52,6 +78,11 @@ def machine_facts(malloc_tuned: bool) -> dict[str, object]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "malloc_tuned": malloc_tuned,
+        "openmp_spin": (
+            f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
+            if "OMP_WAIT_POLICY" in os.environ
+            else os.environ.get("GOMP_SPINCOUNT", "default")
+        ),
     }
 
 

@@ -14,7 +14,12 @@ torch step, on the same network, data and CPU, interleaved so load drift hits bo
 
 Networks: the Robust-HDP MNIST CNN (conv 1->16 k5, pool, conv 16->32 k5, pool, fc 1568->10;
 p = 28,938) and the DECOR MLP 784-128-10, at batch 64 and 256. The figures are
-``private_over_plain`` and ``step_over_plain`` (target <= 1.4, issue 37).
+``private_over_plain`` and ``step_over_plain`` (target <= 1.4, issue 37), timed two ways:
+interleaved one call at a time (median of ``--iters``), and in blocks of ``--block`` steps in a
+row, as a training loop runs them (``*_blocks``: median over 9 rounds of the three blocks). The
+blocks keep each function's tensors in cache, which the plain step gains most from: on the 2-core
+machine (2026-11-28) the plain MLP step at batch 64 took 0.61-0.68 ms in blocks against
+0.75-0.94 ms interleaved, so its ratios are the higher, and the honest, figures.
 
     python benchmarks/bench_price.py --iters 20 [--threads 1] [--json-out out.json]
 """
@@ -25,7 +30,14 @@ import argparse
 import statistics
 
 import torch
-from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
+from _common import (
+    add_run_flags,
+    apply_run_flags,
+    block_seconds,
+    emit,
+    interleaved_seconds,
+    machine_facts,
+)
 from torch import nn
 
 from privdl.algorithms.base import Keys, StepSize, finish_drawn_ahead
@@ -36,6 +48,7 @@ from privdl.models import build_model
 from privdl.topology import mixing_matrix, parse_graph
 
 CLIP, NOISE, LR = 1.0, 1.0, 0.05
+BLOCK_ROUNDS = 9
 
 
 def _torch_net(name: str) -> nn.Sequential:
@@ -48,7 +61,7 @@ def _torch_net(name: str) -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def bench(name: str, batch: int, iters: int) -> dict[str, object]:
+def bench(name: str, batch: int, iters: int, block: int) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
     in_shape = (1, 28, 28) if name == "cnn-mnist" else (784,)
     model = build_model(name, in_shape=in_shape, n_classes=10)
@@ -94,6 +107,15 @@ def bench(name: str, batch: int, iters: int) -> dict[str, object]:
     priv_t, plain_t, step_t = interleaved_seconds([private, plain, step], iters=iters, warmup=2)
     finish_drawn_ahead()
     p, q, s = (statistics.median(t) for t in (priv_t, plain_t, step_t))
+    # consecutive steps, as a training loop runs them: each function's caches stay warm
+    rounds = [
+        block_seconds(
+            [private, plain, step], count=block, after=lambda: finish_drawn_ahead(keep=True)
+        )
+        for _ in range(BLOCK_ROUNDS)
+    ]
+    finish_drawn_ahead()
+    pb, qb, sb = (statistics.median(r[k] for r in rounds) for k in range(3))
     return {
         "setting": f"{name} (p={model.num_parameters()}), batch {batch}, clip {CLIP}",
         "private_s": p,
@@ -101,19 +123,25 @@ def bench(name: str, batch: int, iters: int) -> dict[str, object]:
         "step_s": s,
         "private_over_plain": p / q,
         "step_over_plain": s / q,
+        "private_blocks_s": pb,
+        "plain_blocks_s": qb,
+        "step_blocks_s": sb,
+        "private_over_plain_blocks": pb / qb,
+        "step_over_plain_blocks": sb / qb,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--block", type=int, default=20, help="steps in a row per timed block")
     ap.add_argument("--nets", default="cnn-mnist,mlp")
     ap.add_argument("--batches", default="64,256")
     add_run_flags(ap)
     args = ap.parse_args()
     tuned = apply_run_flags(args)
     rows = [
-        bench(name, int(b), args.iters)
+        bench(name, int(b), args.iters, args.block)
         for name in args.nets.split(",")
         for b in args.batches.split(",")
     ]

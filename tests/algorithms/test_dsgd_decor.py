@@ -210,11 +210,13 @@ def test_background_noise_equals_inline_noise_bitwise(monkeypatch):
         assert torch.equal(again.params["x"], state.params["x"])
 
 
-def test_noise_drawn_ahead_serves_only_its_own_run_and_step():
+def test_noise_drawn_ahead_serves_only_its_own_run_and_step(monkeypatch):
     """Two DECOR runs stepped in turn, one of them re-running a step from an older state and
     one resumed from a copy of its state (new key tuples): every iterate equals the same run
     alone, step by step, with no draw ahead (the cache cleared before every step)."""
     import privdl.algorithms.base as base_mod
+
+    monkeypatch.setattr(base_mod, "spare_cpus", lambda: 1)  # a core beside torch's threads
 
     topo, comm = _comm("ring:6")
     task = LeastSquaresTask(topo.n, dim=5, seed=1, dtype=torch.float64)
@@ -268,3 +270,43 @@ def test_in_background_returns_the_value_and_reraises():
     calls = []
     get = in_background(lambda: calls.append(1) or 7, device=torch.device("meta"))
     assert calls == [1] and get() == 7  # not a CPU: run inline, at once
+
+
+def test_noise_drawn_inline_where_torch_takes_every_core(monkeypatch):
+    """With no CPU beside torch's threads the draw runs in the calling thread at once (a worker
+    would only preempt them), nothing is drawn ahead, errors still come from the getter, and
+    the iterates equal those drawn in the worker."""
+    import threading
+
+    import privdl.algorithms.base as base_mod
+    from privdl.errors import ConfigError
+
+    where = []
+    monkeypatch.setattr(base_mod, "spare_cpus", lambda: 0)
+    get = base_mod.in_background(lambda: where.append(threading.get_ident()) or 5, device="cpu")
+    assert where[-1] == threading.get_ident() and get() == 5
+
+    def boom():
+        raise ConfigError("bad draw")
+
+    get = base_mod.in_background(boom, device="cpu")
+    with pytest.raises(ConfigError, match="bad draw"):
+        get()
+
+    topo, comm = _comm("ring:6")
+    task = LeastSquaresTask(topo.n, dim=5, seed=1, dtype=torch.float64)
+    algo = Decor(StepSize(0.05), edges=topo.edges, n_nodes=topo.n, sigma_cdp=0.2, sigma_cor=0.7)
+
+    def run():
+        state = algo.init(task.init_params(seed=0), task.oracle, comm, keys=Keys.from_seed(3))
+        for _ in range(4):
+            state, _ = algo.step(state, task.oracle, comm)
+        return state.params["x"]
+
+    base_mod._AHEAD.clear()
+    inline = run()
+    assert not base_mod._AHEAD
+    monkeypatch.setattr(base_mod, "spare_cpus", lambda: 1)
+    assert torch.equal(run(), inline)
+    assert base_mod._AHEAD
+    base_mod.finish_drawn_ahead()

@@ -21,6 +21,7 @@ from privdl import __version__
 from privdl.cli.options import show_defaults
 from privdl.errors import PrivdlError, ReportedError, out_of_range
 from privdl.malloc import tune_allocator  # not privdl.engine's: that package imports torch
+from privdl.openmp import limit_spin_wait
 
 #: name -> (module, attribute, short help) of the commands of the main group. The short help is
 #: what ``privdl --help`` lists without importing the module (a test keeps it equal to the
@@ -121,6 +122,7 @@ _default_showwarning = warnings.showwarning
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input)."""
     tune_allocator()  # step-sized tensors are reused, not faulted in anew every step
+    limit_spin_wait()  # before torch loads: its OpenMP workers then leave the noise threads alone
     args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args
     if debug:  # accepted anywhere on the line, not only before the sub-command

@@ -17,7 +17,14 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["MAX_WORKERS", "beside_compute", "kernel_cpus", "run_parallel", "usable_cpus"]
+__all__ = [
+    "MAX_WORKERS",
+    "beside_compute",
+    "kernel_cpus",
+    "run_parallel",
+    "spare_cpus",
+    "usable_cpus",
+]
 
 MAX_WORKERS = 8
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
@@ -57,6 +64,14 @@ def kernel_cpus() -> int:
 
         cpus -= torch.get_num_threads()
     return max(1, cpus)
+
+
+def spare_cpus() -> int:
+    """Usable CPUs that torch's intra-op threads leave free (0 when they take every one): where a
+    step's noise can be drawn beside its gradients without preempting them."""
+    import torch
+
+    return max(0, usable_cpus() - torch.get_num_threads())
 
 
 def _pool() -> ThreadPoolExecutor:
