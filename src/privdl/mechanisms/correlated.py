@@ -50,8 +50,9 @@ _PARALLEL_ELEMENTS = 1 << 22  # below this one thread is faster than starting a 
 #: this many times the streams of one draw in all (edges between ranges are drawn by both).
 #: Measured (2026-11-28, 2-core EPYC, MNIST MLP rows of 101,770, 4x4 torus: 48 streams, two
 #: ranges of 28): one streamed thread 12.9 ms, the two-stage draw on two workers 11.3 ms (its
-#: 19.5 MB of rows are written and read back), two ranges streamed side by side: see
-#: docs/engine.md.
+#: 19.5 MB of rows are written and read back), two ranges streamed side by side 6.2-6.3 ms. From
+#: those per-stream costs (0.27 ms streamed, 0.235 ms two-stage per stream and worker) the two
+#: break even near 1.7x the streams; 1.6 keeps a margin (not measured on dense graphs).
 ROW_GROUP_MAX_REDRAW = 1.6
 
 __all__ = [
