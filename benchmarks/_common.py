@@ -41,11 +41,11 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def apply_openmp_flag(args: argparse.Namespace) -> str:
     """Limit OpenMP's spin-wait as ``privdl`` does (:mod:`privdl.openmp`) unless
-    ``--no-limit-spin``. libgomp reads it when torch loads, which the script has done by now, so
+    ``--no-limit-spin`` or ``PRIVDL_TUNE_OPENMP=0``. libgomp reads it when torch loads, which the script has done by now, so
     the script is started again with it in its environment. Returns the setting for the JSON."""
     from privdl.openmp import SPIN_COUNT
 
-    if getattr(args, "no_limit_spin", False):
+    if getattr(args, "no_limit_spin", False) or os.environ.get("PRIVDL_TUNE_OPENMP") == "0":
         return os.environ.get("GOMP_SPINCOUNT", "default")
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         env = {**os.environ, "GOMP_SPINCOUNT": str(SPIN_COUNT)}
