@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from privdl.engine.allocator import tune_allocator
+from privdl.openmp import SPIN_COUNT, limit_applies, spin_setting
 
 
 def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
@@ -41,18 +42,14 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def apply_openmp_flag(args: argparse.Namespace) -> str:
     """Limit OpenMP's spin-wait as ``privdl`` does (:mod:`privdl.openmp`) unless
-    ``--no-limit-spin`` or ``PRIVDL_TUNE_OPENMP=0``. libgomp reads it when torch loads, which the script has done by now, so
-    the script is started again with it in its environment. Returns the setting for the JSON."""
-    from privdl.openmp import SPIN_COUNT
-
-    if getattr(args, "no_limit_spin", False) or os.environ.get("PRIVDL_TUNE_OPENMP") == "0":
-        return os.environ.get("GOMP_SPINCOUNT", "default")
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    ``--no-limit-spin`` or ``PRIVDL_TUNE_OPENMP=0``. libgomp reads it when torch loads, which the
+    script has done by now, so the script is started again with it in its environment. Returns
+    the setting for the JSON."""
+    if not getattr(args, "no_limit_spin", False) and limit_applies():
         env = {**os.environ, "GOMP_SPINCOUNT": str(SPIN_COUNT)}
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    policy = os.environ.get("OMP_WAIT_POLICY")
-    return f"OMP_WAIT_POLICY={policy}" if policy else os.environ["GOMP_SPINCOUNT"]
+    return spin_setting()
 
 
 def apply_run_flags(args: argparse.Namespace) -> bool:
@@ -78,11 +75,7 @@ def machine_facts(malloc_tuned: bool) -> dict[str, object]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "malloc_tuned": malloc_tuned,
-        "openmp_spin": (
-            f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
-            if "OMP_WAIT_POLICY" in os.environ
-            else os.environ.get("GOMP_SPINCOUNT", "default")
-        ),
+        "openmp_spin": spin_setting(),
     }
 
 

@@ -23,11 +23,29 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["SPIN_COUNT", "limit_spin_wait"]
+__all__ = ["SPIN_COUNT", "limit_applies", "limit_spin_wait", "spin_setting"]
 
 #: ``GOMP_SPINCOUNT`` set by :func:`limit_spin_wait` (libgomp's own value when it is told that
 #: its threads outnumber the CPUs is 1000; this keeps short gaps between operators spinning).
 SPIN_COUNT = 10_000
+
+
+def _user_set() -> bool:
+    return "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
+
+
+def limit_applies() -> bool:
+    """Whether privdl would set the limit: the user set neither variable and did not turn it off
+    with ``PRIVDL_TUNE_OPENMP=0``."""
+    return not _user_set() and os.environ.get("PRIVDL_TUNE_OPENMP", "1") != "0"
+
+
+def spin_setting() -> str:
+    """What libgomp reads from this environment: ``OMP_WAIT_POLICY=...``, the
+    ``GOMP_SPINCOUNT`` value, or ``default``."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
+    return os.environ.get("GOMP_SPINCOUNT", "default")
 
 
 def limit_spin_wait() -> bool:
@@ -35,9 +53,9 @@ def limit_spin_wait() -> bool:
     torch loads its OpenMP runtime. Returns True when the limit (or the user's own setting of
     either variable) is in the environment for torch to read; False when torch was already
     loaded with neither set, or ``PRIVDL_TUNE_OPENMP=0``."""
-    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
+    if _user_set():
         return True
-    if os.environ.get("PRIVDL_TUNE_OPENMP", "1") == "0" or "torch" in sys.modules:
+    if not limit_applies() or "torch" in sys.modules:
         return False
     os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     return True

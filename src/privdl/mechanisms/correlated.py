@@ -452,10 +452,13 @@ class _CpuPlan:
             array = as_edge_array(edges, n_nodes)
             if len(edge_keys) != len(array):
                 raise ConfigError(f"got {len(edge_keys)} edge keys for {len(array)} edges")
-            rows, self.lower, self.upper, keys = incident_edges(edge_keys, array, n_nodes, nodes)
-            self.n_rows = len(rows)
+            self.rows, self.lower, self.upper, keys = incident_edges(
+                edge_keys, array, n_nodes, nodes
+            )
+            self.n_rows = len(self.rows)
         else:
             self.n_rows = len(node_keys)
+            self.rows = np.arange(self.n_rows)  # the node keys' order
         if use_cdp and len(node_keys) != self.n_rows:
             raise ConfigError(f"got {len(node_keys)} node noise keys for {self.n_rows} rows")
         self.n_edge_streams = len(keys)
@@ -513,15 +516,12 @@ class _CpuPlan:
             return cached
         groups: list[tuple[int, int, _CpuPlan]] = []
         if count <= self.n_rows:
-            edge_keys, edges, n_nodes, node_keys, nodes, use_cor, use_cdp = self.source
-            rows = np.arange(n_nodes) if nodes is None else np.asarray(list(nodes))  # type: ignore[arg-type]
-            if not use_cor:
-                rows = np.arange(self.n_rows)
+            edge_keys, edges, n_nodes, node_keys, _, use_cor, use_cdp = self.source
             bounds = np.linspace(0, self.n_rows, count + 1).astype(np.int64).tolist()
             for start, stop in itertools.pairwise(bounds):
                 part = _CpuPlan(
                     edge_keys, edges, n_nodes, node_keys[start:stop],
-                    rows[start:stop].tolist(), use_cor, use_cdp,
+                    self.rows[start:stop].tolist(), use_cor, use_cdp,
                 )  # fmt: skip
                 groups.append((start, stop, part))
             drawn = sum(len(part.streams) for _, _, part in groups)
