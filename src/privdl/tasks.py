@@ -27,7 +27,7 @@ from privdl.data import (
 from privdl.data.custom import UserData, partition_parts
 from privdl.engine.clipping import clip_by_global_norm
 from privdl.engine.cuda_graph import GraphedGradients
-from privdl.engine.grads import ClipSpec, GradResult, evaluate, node_gradients
+from privdl.engine.grads import ClipSpec, GradResult, check_indices, evaluate, node_gradients
 from privdl.errors import ConfigError
 from privdl.models import build_model
 from privdl.models.base import StackedModel
@@ -170,13 +170,6 @@ class SupervisedTask:
             parts = partition_parts(ds.y_train.numpy(), self.n_nodes, self.partition,
                                     seed=self.data_seed)  # fmt: skip
         self.dataset = ds
-        x = ds.x_train.to(self.dtype)
-        self.data = stack_partitions(x.to(self.device), ds.y_train.to(self.device), parts)
-        counts = self.data.counts
-        if self.sampling == "without_replacement" and self.batch_size > int(counts.min()):
-            raise ConfigError(
-                f"batch size {self.batch_size} exceeds the smallest node's data ({int(counts.min())})"
-            )
         if user is not None and user.model is not None:
             self.model = user_model(user.model, in_shape=tuple(ds.input_shape))
             out = tuple(getattr(self.model, "out_shape", (ds.n_classes,)))
@@ -197,11 +190,26 @@ class SupervisedTask:
                 n_classes=1 if self.binary else ds.n_classes,
             )
         self.loss_name = "bce" if self.binary else "cross_entropy"
+        x, x_test = self._model_input(ds.x_train), self._model_input(ds.x_test)
+        self.data = stack_partitions(x.to(self.device), ds.y_train.to(self.device), parts)
+        counts = self.data.counts
+        if self.sampling == "without_replacement" and self.batch_size > int(counts.min()):
+            raise ConfigError(
+                f"batch size {self.batch_size} exceeds the smallest node's data ({int(counts.min())})"
+            )
         # evaluation sets (the averaged model on the full train split and on the test split)
         self._x_train_eval = x[: self.eval_max].to(self.device)
         self._y_train_eval = ds.y_train[: self.eval_max].to(self.device)
-        self._x_test = ds.x_test.to(self.dtype).to(self.device)
+        self._x_test = x_test.to(self.device)
         self._y_test = ds.y_test.to(self.device)
+
+    def _model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Features in the run's dtype, or int64 indices for a model that reads its input with
+        an embedding (``DataError`` unless they are integers of its vocabulary)."""
+        if not self.model.takes_indices:
+            return x.to(self.dtype)
+        check_indices(x, self.model.input_vocabulary, what=f"the data for {self.model.name}")
+        return x.long()
 
     @property
     def sampling_rate(self) -> float:

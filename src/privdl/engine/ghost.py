@@ -5,7 +5,13 @@ so its squared norm is ``||G_s||^2 ||a_s||^2`` (+ ``||G_s||^2`` for the bias) â€
 gradient is ever formed. The clipped sum ``sum_s w_s G_s a_s^T`` is one batched matmul
 ``(w * G)^T a``. For Conv2d with unfolded input ``U_s (Ck^2, L)`` and ``G_s (O, L)`` the per-sample
 gradient is ``G_s U_s^T``; its squared norm is either formed directly (cost ``O Ck^2 L``) or as
-``<G_s^T G_s, U_s^T U_s>`` (cost ``L^2 (O + Ck^2)``), whichever is cheaper.
+``<G_s^T G_s, U_s^T U_s>`` (cost ``L^2 (O + Ck^2)``), whichever is cheaper. For an Embedding
+read at the indices ``t_1 .. t_L`` of sample ``s`` the per-sample gradient is
+``sum_l e_{t_l} G_{s,l}^T``: its rows are the sums of ``G_{s,l}`` over the positions of each
+distinct index, so its squared norm is ``sum_v ||sum_{l: t_l = v} G_{s,l}||^2`` (one segment sum
+over the distinct (sample, index) pairs, cost ``O(L D)`` a sample, where the per-sample gradient
+would hold ``V D`` entries), and the clipped sum is one ``index_add`` of ``w_s G_{s,l}`` into the
+table rows.
 
 One forward and one backward to the layer outputs serve all nodes and samples; this reproduces
 DP-SGD's per-example clipping (DECOR Alg. 1 line 2, Robust-HDP Alg. 1) exactly.
@@ -26,14 +32,18 @@ from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
+    Embedding,
     Flatten,
     GroupNorm,
     Linear,
     MaxPool2d,
+    Reduce,
     StackedModel,
 )
 
-_SAMPLEWISE = (Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm)
+_SAMPLEWISE = (
+    Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, Embedding, Reduce,
+)  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
 
@@ -169,6 +179,21 @@ def _direct_is_cheaper(out_channels: int, patch_rows: int, positions: int) -> bo
     return o * ck * length <= length * length * (o + ck)
 
 
+def embedding_norms(tokens: Tensor, g: Tensor, vocabulary: int) -> Tensor:
+    """Per-sample gradient norms ``(n, B)`` of an Embedding read at ``tokens (n, B, L)`` (int64,
+    in ``0 .. V - 1``) with output gradients ``g (n, B, L, D)`` (module docstring): the
+    gradients of equal indices of a sample summed (one ``unique`` and one ``index_add`` over
+    the ``n B L`` positions), then the squared row norms summed per sample."""
+    n, b, length, d = g.shape
+    if length == 1:  # one index a sample: its row is G_s
+        return torch.linalg.vector_norm(g[:, :, 0], dim=-1)
+    sample = torch.arange(n * b, device=tokens.device).reshape(n, b, 1)
+    keys, where = torch.unique((sample * vocabulary + tokens).reshape(-1), return_inverse=True)
+    rows = g.new_zeros((len(keys), d)).index_add_(0, where, g.reshape(-1, d))
+    squared = g.new_zeros(n * b).index_add_(0, keys // vocabulary, rows.square().sum(1))
+    return squared.sqrt().reshape(n, b)
+
+
 def supports_ghost(model: StackedModel) -> bool:
     """True when the model runs its layers through ``forward_with`` and lists them with
     ``layer_inputs`` (:class:`SequentialModel`, and the graph of a traced module with residual
@@ -254,7 +279,7 @@ def ghost_clipped_sum(
         """One layer; a parameterised one's input (its ``x_hat`` for GroupNorm) and output
         are recorded for the per-sample norms."""
         lp = {k: v.detach() for k, v in lp.items()}
-        if isinstance(layer, (Linear, Conv2d)):
+        if isinstance(layer, (Linear, Conv2d, Embedding)):
             inp, z = a.detach(), layer.forward(lp, a)
         elif isinstance(layer, GroupNorm) and layer.affine:
             xhat = layer.normalize(a)  # the affine map's input
@@ -285,6 +310,14 @@ def ghost_clipped_sum(
             if "bias" in lp:
                 rows.append(g_norm)
             cache.append((lname, layer, inp, g, None))
+        elif isinstance(layer, Embedding):
+            tokens = inp.long().reshape(n, b, -1)
+            flat_g = g.reshape(n, b, tokens.shape[2], -1)
+            read = layer.read(tokens)
+            if read is not None:  # the padding row gets no gradient
+                flat_g = flat_g * read.to(flat_g.dtype)
+            rows.append(embedding_norms(tokens, flat_g, layer.num_embeddings))
+            cache.append((lname, layer, layer.rows(tokens), flat_g, None))
         elif isinstance(layer, GroupNorm):
             # per-sample gradients of the per-channel weight and bias are C numbers each:
             # sum over positions of G_s * x_hat_s and of G_s; formed directly
@@ -334,6 +367,12 @@ def ghost_clipped_sum(
             grads[f"{lname}.weight"] = torch.bmm(gw.transpose(1, 2), inp)
             if layer.bias:
                 grads[f"{lname}.bias"] = gw.sum(1)
+        elif isinstance(layer, Embedding):  # inp: the rows of the stacked table
+            d = g.shape[-1]
+            table = g.new_zeros((n * layer.num_embeddings, d)).index_add_(
+                0, inp.reshape(-1), (g * w.to(g.dtype)[:, :, None, None]).reshape(-1, d)
+            )
+            grads[f"{lname}.weight"] = table.reshape(n, layer.num_embeddings, d)
         elif isinstance(layer, GroupNorm):  # inp, g hold the per-sample weight, bias grads
             grads[f"{lname}.weight"] = torch.einsum("nbc,nb->nc", inp, w.to(inp.dtype))
             grads[f"{lname}.bias"] = torch.einsum("nbc,nb->nc", g, w.to(g.dtype))

@@ -84,6 +84,27 @@ def _check_inputs(model: StackedModel, params: dict[str, Tensor], x: Tensor, y: 
         )
     if tuple(y.shape[:2]) != tuple(x.shape[:2]):
         raise DataError(f"y shape {tuple(y.shape)} does not match x {tuple(x.shape[:2])}")
+    if model.takes_indices:
+        check_indices(x, model.input_vocabulary, what=f"the input of {model.name}")
+
+
+def check_indices(x: Tensor, vocabulary: int | None, *, what: str) -> None:
+    """``DataError`` unless ``x`` holds integers in ``0 .. vocabulary - 1`` (an embedding's rows)."""
+    if x.is_floating_point() and bool((x != x.round()).any()):
+        raise DataError(f"{what} must be integer indices (it reads an embedding); got fractions")
+    if x.dtype == torch.bool or x.is_complex():
+        raise DataError(f"{what} must be integer indices, got dtype {x.dtype}")
+    if x.numel() == 0:
+        return
+    low, high = int(x.min()), int(x.max())
+    if low < 0 or (vocabulary is not None and high >= vocabulary):
+        bound = "" if vocabulary is None else f" .. {vocabulary - 1}"
+        raise DataError(f"{what}: indices must lie in 0{bound}, got {low} .. {high}")
+
+
+def _float_dtype(x: Tensor, params: dict[str, Tensor]) -> torch.dtype:
+    """The dtype of the sample weights: the input's, or the parameters' for integer inputs."""
+    return x.dtype if x.is_floating_point() else next(iter(params.values())).dtype
 
 
 def _sample_weights(
@@ -91,6 +112,7 @@ def _sample_weights(
     mask: Tensor | None,
     reduction: str,
     denominator: float | Tensor | None,
+    dtype: torch.dtype,
 ) -> Tensor | float:
     """Weight of each (node, sample) in the sum: ``mask / denominator``, shape ``(n, B)``; a
     plain float when it is the same for all (saves kernel launches on GPU)."""
@@ -102,13 +124,13 @@ def _sample_weights(
             raise ConfigError(f"denominator must be > 0, got {denominator}")
         if mask is None:
             return 1.0 / float(denominator)
-        return mask.to(x.dtype) / float(denominator)
+        return mask.to(dtype) / float(denominator)
     if mask is None and denominator is None:
         return 1.0 / b if reduction == "mean" else 1.0
     n = x.shape[0]
-    m = torch.ones(n, b, dtype=x.dtype, device=x.device) if mask is None else mask.to(x.dtype)
+    m = torch.ones(n, b, dtype=dtype, device=x.device) if mask is None else mask.to(dtype)
     if denominator is not None:
-        den = torch.as_tensor(denominator, dtype=x.dtype, device=x.device)
+        den = torch.as_tensor(denominator, dtype=dtype, device=x.device)
         if bool((den <= 0).any()):
             raise ConfigError("denominator must be > 0")
         return m / (den.reshape(-1, 1) if den.dim() else den)
@@ -145,7 +167,7 @@ def _vmap_clipped_sum(
     psg = vmap(vmap(grad_and_value(one_sample), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
     n, b = x.shape[:2]
     if not torch.is_tensor(weights):
-        weights = torch.full((n, b), weights, dtype=x.dtype, device=x.device)
+        weights = torch.full((n, b), weights, dtype=_float_dtype(x, params), device=x.device)
     budget = _VMAP_CHUNK_ELEMENTS_CUDA if x.is_cuda else _VMAP_CHUNK_ELEMENTS
     chunk = max(1, min(b, budget // max(1, n * model.num_parameters())))
     detached = {k: v.detach() for k, v in params.items()}
@@ -216,7 +238,7 @@ def node_gradients(
     _check_inputs(model, params, x, y)
     if mask is not None and tuple(mask.shape) != tuple(x.shape[:2]):
         raise DataError(f"mask shape {tuple(mask.shape)} does not match x {tuple(x.shape[:2])}")
-    weights = _sample_weights(x, mask, reduction, denominator)
+    weights = _sample_weights(x, mask, reduction, denominator, _float_dtype(x, params))
 
     if clip.mode != "per_sample":
         with torch.enable_grad():
@@ -297,12 +319,15 @@ def evaluate(
         )
     if x.shape[0] == 0:
         raise DataError("evaluate needs at least one sample")
+    if model.takes_indices:
+        check_indices(x, model.input_vocabulary, what=f"the input of {model.name}")
     chunk = max(1, batch_size // n)
     dtype = params[first].dtype
     loss_sum = torch.zeros(n, dtype=dtype, device=x.device)
     correct_sum = torch.zeros(n, dtype=dtype, device=x.device)
     for s in range(0, x.shape[0], chunk):
-        xb = x[s : s + chunk].to(dtype)
+        xb = x[s : s + chunk]
+        xb = xb.to(dtype) if xb.is_floating_point() else xb
         xb = xb.unsqueeze(0).expand(n, *xb.shape)
         yb = y[s : s + chunk].unsqueeze(0).expand(n, -1)
         out = model.forward(params, xb)

@@ -215,6 +215,8 @@ class DPClient:
             raise PrivacyError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
         self.model, self.loss = model, loss
         self.x, self.y = x, y
+        #: the parameters' dtype: the features', float32 for a model that reads indices
+        self.dtype = x.dtype if x.is_floating_point() else torch.float32
         self.x_eval, self.y_eval = x_eval, y_eval
         self.num_examples = n
         self.epsilon, self.delta = float(epsilon), float(delta)
@@ -269,7 +271,7 @@ class DPClient:
             )
         out = {}
         for name, shape in shapes.items():
-            a = torch.as_tensor(np.asarray(arrays[name]), dtype=self.x.dtype)
+            a = torch.as_tensor(np.asarray(arrays[name]), dtype=self.dtype)
             if tuple(a.shape) != tuple(shape):
                 raise ConfigError(f"array {name!r} has shape {tuple(a.shape)}, want {shape}")
             out[name] = a
@@ -318,7 +320,7 @@ class DPClient:
             torch.ones(1, dtype=torch.bool),
             gen,
             oracle,
-            federated_communicator(1, dtype=self.x.dtype),
+            federated_communicator(1, dtype=self.dtype),
         )
         new = {name: (theta[name][0] + delta[name][0]).numpy() for name in theta}
         return new, self.budget(rounds_spent + 1)

@@ -34,6 +34,10 @@ class StackedModel(ABC):
     name: str = "model"
     in_shape: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = ()
+    #: the input is integer indices (an embedding reads it), not float features
+    takes_indices: bool = False
+    #: the number of rows of that embedding (valid indices ``0 .. V - 1``), where known
+    input_vocabulary: int | None = None
 
     @abstractmethod
     def param_shapes(self) -> ParamShapes:
@@ -131,6 +135,11 @@ class Linear(Layer):
         }
 
     def out_shape(self, in_shape):
+        if tuple(in_shape) != (self.in_features,):
+            raise ConfigError(
+                f"Linear({self.in_features}, {self.out_features}) on samples of shape "
+                f"{tuple(in_shape)}: it takes flat samples of {self.in_features} features"
+            )
         return (self.out_features,)
 
     def forward(self, params, a):
@@ -311,6 +320,83 @@ class GroupNorm(Layer):
         return self.affine_map(params, self.normalize(a))
 
 
+class Embedding(Layer):
+    """Rows of a per-node table: ``z = W[t]`` for integer indices ``t (n, B, *idx)`` and ``W (n, V,
+    D)``, one lookup for all nodes in the stacked ``(n V, D)`` table (``torch.nn.Embedding``
+    without ``max_norm``; its init, N(0, 1), and its ``padding_idx``: that row starts at zero and
+    gets no gradient)."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, padding_idx: int | None = None
+    ) -> None:
+        if num_embeddings < 1 or embedding_dim < 1:
+            raise ConfigError(f"Embedding({num_embeddings}, {embedding_dim}): sizes must be >= 1")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ConfigError(f"Embedding: padding_idx {padding_idx} outside the table")
+            padding_idx %= num_embeddings  # torch's rule for a negative index
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = padding_idx
+
+    def param_shapes(self) -> ParamShapes:
+        return {"weight": (self.num_embeddings, self.embedding_dim)}
+
+    def init(self, generator, dtype, device):
+        shape = (self.num_embeddings, self.embedding_dim)
+        weight = torch.randn(shape, generator=generator, dtype=dtype, device=device)
+        if self.padding_idx is not None:
+            weight[self.padding_idx] = 0.0
+        return {"weight": weight}
+
+    def out_shape(self, in_shape):
+        return (*in_shape, self.embedding_dim)
+
+    def rows(self, a: Tensor) -> Tensor:
+        """Row ``i V + t`` of the stacked table for index ``t`` of node ``i`` (int64, ``a``'s
+        shape); float indices are truncated (the data layer checks that they are integers)."""
+        offset = torch.arange(a.shape[0], device=a.device) * self.num_embeddings
+        return a.long() + offset.reshape(-1, *([1] * (a.dim() - 1)))
+
+    def read(self, a: Tensor) -> Tensor | None:
+        """``(n, B, *idx, 1)``: 1 where an index reads a row that learns, 0 at ``padding_idx``;
+        ``None`` without one."""
+        if self.padding_idx is None:
+            return None
+        return (a.long() != self.padding_idx).unsqueeze(-1)
+
+    def forward(self, params, a):
+        w = params["weight"]
+        z = F.embedding(self.rows(a), w.reshape(-1, w.shape[-1]))
+        read = self.read(a)
+        return z if read is None else torch.where(read, z, z.detach())
+
+
+class Reduce(Layer):
+    """The mean or sum of each sample over one of its dimensions: ``x.mean(dim)`` in a module's
+    ``forward``, with ``dim`` counted as torch counts it on ``(B, ...)`` (``dim >= 1``, or
+    negative from the end)."""
+
+    def __init__(self, op: str, dim: int) -> None:
+        if op not in ("mean", "sum") or dim == 0:
+            raise ConfigError(f"Reduce: {op} over dim {dim} (the mean or sum over dim != 0)")
+        self.op, self.dim = op, dim
+
+    def _axis(self, in_shape: tuple[int, ...]) -> int:
+        """The reduced dimension among the per-sample ones."""
+        axis = self.dim - 1 if self.dim > 0 else len(in_shape) + self.dim
+        if not 0 <= axis < len(in_shape):
+            raise ConfigError(f"Reduce: dim {self.dim} of a sample of shape {in_shape}")
+        return axis
+
+    def out_shape(self, in_shape):
+        axis = self._axis(tuple(in_shape))
+        return tuple(s for k, s in enumerate(in_shape) if k != axis)
+
+    def forward(self, params, a):
+        axis = 2 + self._axis(tuple(a.shape[2:]))
+        return a.mean(dim=axis) if self.op == "mean" else a.sum(dim=axis)
+
+
 class Flatten(Layer):
     """Flatten each sample (C, H, W) to C*H*W, in torch's ``nn.Flatten`` order."""
 
@@ -334,6 +420,9 @@ class SequentialModel(StackedModel):
         for _, layer in self.layers:
             shape = layer.out_shape(shape)
         self.out_shape = shape
+        first = self.layers[0][1] if self.layers else None
+        if isinstance(first, Embedding):
+            self.takes_indices, self.input_vocabulary = True, first.num_embeddings
 
     def param_shapes(self) -> ParamShapes:
         return {

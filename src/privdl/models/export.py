@@ -45,6 +45,7 @@ from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
+    Embedding,
     Flatten,
     GroupNorm,
     Layer,
@@ -224,6 +225,10 @@ def _torch_layer(layer: Layer) -> nn.Module | None:
         return nn.AvgPool2d(layer.kernel_size)
     if type(layer) is Flatten:
         return nn.Flatten()
+    if type(layer) is Embedding:
+        return nn.Embedding(
+            layer.num_embeddings, layer.embedding_dim, padding_idx=layer.padding_idx, device=meta
+        )
     return None
 
 

@@ -1,0 +1,170 @@
+"""Per-sample clipping of a text model (issue 37, item 1: embeddings): a bag-of-embeddings
+classifier (``nn.Embedding(V, D)``, the mean over the ``L`` tokens, ``nn.Linear(D, 2)``), one model,
+against the plain torch step on the same data and CPU, interleaved so load drift hits all alike.
+
+* ``plain``: the ``nn.Module``, ``loss.backward()`` and ``torch.optim.SGD.step()`` (no clipping,
+  no noise);
+* ``private``: ``node_gradients(..., clip=per_sample)`` on the converted module (the ghost path:
+  each sample's embedding gradient norm from a segment sum over its distinct tokens, the clipped
+  sum by one ``index_add``), Gaussian noise on every parameter and the SGD update;
+* ``vmap``: the same clipped gradient by the generic path (``method="vmap"``), which forms every
+  sample's ``V x D`` embedding gradient;
+* ``opacus`` (when Opacus is installed): its per-sample gradients (``GradSampleModule``, hooks),
+  then the clipped sum, the noise and the update by hand.
+
+* ``clipped``: ``private`` without the noise (the price of per-sample clipping alone).
+
+The clipped sums of ``private`` and ``vmap`` (and ``opacus``) are checked to agree before timing.
+The figures are ``private_over_plain``, ``clipped_over_plain``, ``vmap_over_private`` and
+``opacus_over_private``. DP-SGD's noise covers every row of the table (``V D`` normals a step,
+as dense as the plain step's gradient and update), so at large ``V`` it dominates the price.
+
+    python benchmarks/bench_embedding.py --iters 20 [--threads 1] [--json-out out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
+from torch import nn
+
+from privdl.engine import ClipSpec, node_gradients
+from privdl.models import from_module
+
+CLIP, NOISE, LR, LENGTH, DIM = 1.0, 1.0, 0.05, 64, 64
+
+
+class BagOfEmbeddings(nn.Module):
+    def __init__(self, vocabulary: int) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(vocabulary, DIM), nn.Linear(DIM, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(x).mean(1))
+
+
+def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
+    """Opacus's per-sample gradients (hooks), clipped and summed, noised and applied by hand."""
+    try:
+        from opacus import GradSampleModule
+    except ImportError:
+        return None, None
+    wrapped = GradSampleModule(net, loss_reduction="sum")
+    params = [p for p in wrapped.parameters() if p.requires_grad]
+
+    def clipped_sum() -> list[torch.Tensor]:
+        for p in params:
+            p.grad_sample = None
+        F.cross_entropy(wrapped(x), y, reduction="sum").backward()
+        per = [p.grad_sample.reshape(len(x), -1) for p in params]
+        norms = torch.sqrt(sum(g.square().sum(1) for g in per))
+        factor = (CLIP / norms).clamp(max=1.0) / len(x)
+        out = [torch.einsum("b...,b->...", p.grad_sample, factor) for p in params]
+        for p in params:
+            p.grad = None
+        return out
+
+    def step() -> None:
+        grads = clipped_sum()
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                noise = torch.randn(g.shape, generator=gen).mul_(NOISE * CLIP / len(x))
+                p.sub_(g.add_(noise), alpha=LR)
+
+    return clipped_sum, step
+
+
+def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    net = BagOfEmbeddings(vocabulary)
+    model = from_module(net, in_shape=(LENGTH,))
+    params = model.init(n_nodes=1, generator=gen)
+    x = torch.randint(0, vocabulary, (1, batch, LENGTH), generator=gen)
+    y = torch.randint(0, 2, (1, batch), generator=gen)
+    clip = ClipSpec("per_sample", CLIP)
+    noise_gen = torch.Generator().manual_seed(1)
+
+    def clipped(method: str) -> dict[str, torch.Tensor]:
+        res = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method=method)
+        return res.grads
+
+    def private() -> None:
+        grads = clipped("ghost")
+        with torch.no_grad():
+            for k, g in grads.items():
+                noise = torch.randn(g.shape, generator=noise_gen).mul_(NOISE * CLIP / batch)
+                params[k].sub_(g.add_(noise), alpha=LR)
+
+    def clipped_step() -> None:  # the price of clipping alone: no noise
+        grads = clipped("ghost")
+        with torch.no_grad():
+            for k, g in grads.items():
+                params[k].sub_(g, alpha=LR)
+
+    def vmap() -> None:
+        clipped("vmap")
+
+    plain_net = BagOfEmbeddings(vocabulary)
+    plain_net.load_state_dict({k: v[0] for k, v in params.items()})
+    opt = torch.optim.SGD(plain_net.parameters(), lr=LR)
+
+    def plain() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(plain_net(x[0]), y[0]).backward()
+        opt.step()
+
+    opacus_net = BagOfEmbeddings(vocabulary)
+    opacus_net.load_state_dict({k: v[0] for k, v in params.items()})
+    opacus_sum, opacus = _opacus_step(opacus_net, x[0], y[0], noise_gen)
+
+    # the clipped sums agree before anything is timed
+    ghost_g, vmap_g = clipped("ghost"), clipped("vmap")
+    others = [vmap_g]
+    if opacus_sum is not None:
+        others.append(dict(zip(ghost_g, (g[None] for g in opacus_sum()), strict=True)))
+    for other in others:
+        for k in ghost_g:
+            torch.testing.assert_close(ghost_g[k], other[k], rtol=1e-4, atol=1e-6)
+
+    funcs = [private, plain, vmap, clipped_step] + ([opacus] if opacus is not None else [])
+    times = interleaved_seconds(funcs, iters=iters, warmup=2)
+    med = [statistics.median(t) for t in times]
+    row: dict[str, object] = {
+        "setting": f"bag of embeddings V={vocabulary}, D={DIM}, L={LENGTH}, batch {batch}",
+        "private_s": med[0],
+        "plain_s": med[1],
+        "vmap_s": med[2],
+        "clipped_s": med[3],
+        "private_over_plain": med[0] / med[1],
+        "clipped_over_plain": med[3] / med[1],
+        "vmap_over_private": med[2] / med[0],
+    }
+    if opacus is not None:
+        row["opacus_s"] = med[4]
+        row["opacus_over_private"] = med[4] / med[0]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--vocabularies", default="10000,50000")
+    ap.add_argument("--batches", default="64")
+    add_run_flags(ap)
+    args = ap.parse_args()
+    tuned = apply_run_flags(args)
+    rows = [
+        bench(int(v), int(b), args.iters)
+        for v in args.vocabularies.split(",")
+        for b in args.batches.split(",")
+    ]
+    emit({**machine_facts(tuned), "rows": rows}, args.json_out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Your own text model: an ``nn.Embedding`` read at integer indices, as privdl's layers (the ghost
+path) where it converts, by ``vmap`` where it does not, and end to end through ``privdl.train``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import privdl
+from privdl.engine import ClipSpec, node_gradients
+from privdl.engine.ghost import supports_ghost
+from privdl.errors import ConfigError, DataError
+from privdl.models import ModuleModel, SequentialModuleModel, from_module
+from privdl.models.module import GraphModuleModel
+
+F64 = torch.float64
+
+
+class MeanText(nn.Module):  # a bag-of-embeddings classifier (fastText-like)
+    def __init__(self, vocabulary: int = 30, dim: int = 6, classes: int = 3) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocabulary, dim)
+        self.fc = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.fc(torch.tanh(self.emb(x).mean(1)))
+
+
+class SumText(MeanText):
+    def forward(self, x):
+        return self.fc(torch.sum(self.emb(x), dim=-2))
+
+
+class ResidualText(MeanText):  # a residual sum after the pooling: the graph form
+    def __init__(self) -> None:
+        super().__init__(classes=6)
+        self.mix = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.emb(x).mean(dim=1)
+        return self.fc(h + torch.relu(self.mix(h)))
+
+
+class PaddedText(MeanText):  # padding_idx: torch zeroes that row's gradient
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 6, padding_idx=0)
+
+
+class MaxText(MeanText):  # a max over the tokens is no layer of privdl's: the generic path
+    def forward(self, x):
+        return self.fc(self.emb(x).amax(1))
+
+
+def _loop(module: nn.Module, params, x, y, threshold: float):
+    """Per node and sample: the module with that node's weights, one backward, clip, mean."""
+    out = {k: torch.zeros_like(v) for k, v in params.items()}
+    for i in range(x.shape[0]):
+        module.load_state_dict({k: v[i] for k, v in params.items()})
+        named = dict(module.named_parameters())
+        for s in range(x.shape[1]):
+            g = torch.autograd.grad(F.cross_entropy(module(x[i, s : s + 1]), y[i, s : s + 1]),
+                                    list(named.values()))  # fmt: skip
+            c = min(1.0, threshold / float(torch.sqrt(sum((gg**2).sum() for gg in g))))
+            for k, gg in zip(named, g, strict=True):
+                out[k][i] += c * gg / x.shape[1]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("cls", "kind"),
+    [
+        (MeanText, SequentialModuleModel),
+        (SumText, SequentialModuleModel),
+        (ResidualText, GraphModuleModel),
+        (PaddedText, SequentialModuleModel),
+        (MaxText, ModuleModel),
+    ],
+)
+def test_text_modules_equal_the_per_sample_loop(cls, kind):
+    torch.manual_seed(0)
+    module = cls().double()
+    model = from_module(module, in_shape=(7,))
+    assert type(model) is kind
+    assert model.takes_indices and model.input_vocabulary == 30
+    assert supports_ghost(model) == (kind is not ModuleModel)
+    gen = torch.Generator().manual_seed(1)
+    base = model.init(n_nodes=2, generator=gen, dtype=F64)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in base.items()}
+    x = torch.randint(0, 30, (2, 4, 7), generator=gen)
+    x[0, 0] = 0  # the padding row, repeated
+    x[1, 1, :3] = 5
+    y = torch.randint(0, module.fc.out_features, (2, 4), generator=gen)
+    want = _loop(cls().double(), params, x, y, 0.3)
+    got = node_gradients(model, params, x, y, loss="cross_entropy",
+                         clip=ClipSpec("per_sample", 0.3))  # fmt: skip
+    for k in want:
+        torch.testing.assert_close(got.grads[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+
+
+def test_a_float_model_is_not_an_index_model():
+    model = from_module(nn.Sequential(nn.Linear(4, 2)), in_shape=(4,))
+    assert not model.takes_indices and model.input_vocabulary is None
+
+
+def _text_data(n: int, length: int, seed: int):
+    """Class c puts token c at four random positions among random tokens 2 .. 29."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(2, 30, (n, length), generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x.scatter_(1, torch.randint(0, length, (n, 4), generator=g), y[:, None].expand(-1, 4).clone())
+    return x, y
+
+
+def test_your_text_model_trains_privately_end_to_end(tmp_path):
+    x, y = _text_data(1200, 12, seed=0)
+    torch.manual_seed(0)
+    result = privdl.train(algorithm="decor", model=MeanText(classes=2), data=(x, y),
+                          graph="ring:4", clip=1.0, epsilon=8.0, delta=1e-5, steps=120,
+                          eval_every=120, batch_size=16, lr=1.0, out=tmp_path / "run",
+                          progress=False)  # fmt: skip
+    assert result.privacy["epsilon"] <= 8.0 and result.privacy["unit"] == "example"
+    assert result.metrics[-1]["accuracy"] > 0.9  # chance is 0.5
+    with torch.no_grad():  # the returned module is the user's class and reads the indices
+        assert float((result.model(x).argmax(1) == y).double().mean()) > 0.9
+
+
+def test_data_outside_the_vocabulary_is_refused_before_training(tmp_path):
+    x, y = _text_data(200, 12, seed=1)
+    x[3, 4] = 30
+    with pytest.raises(DataError, match=r"indices must lie in 0 \.\. 29, got 0 \.\. 30"):
+        privdl.train(algorithm="decor", model=MeanText(classes=2), data=(x, y), graph="ring:4",
+                     clip=1.0, epsilon=8.0, delta=1e-5, steps=2, batch_size=8,
+                     out=tmp_path / "run", progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_norm": 1.0}, "max_norm rescales the table"),
+        ({"scale_grad_by_freq": True}, "scale_grad_by_freq scales by counts"),
+    ],  # fmt: skip
+)
+def test_embedding_options_that_break_per_sample_clipping_are_refused(options, message):
+    module = nn.Sequential(nn.Embedding(30, 6, **options), nn.Flatten(), nn.Linear(42, 2))
+    with pytest.raises(ConfigError, match=rf"Embedding \(0\): {message}"):
+        from_module(module, in_shape=(7,))
