@@ -215,3 +215,22 @@ def test_the_padding_row_starts_at_zero_and_never_learns():
                                  method=method)  # fmt: skip
             assert torch.equal(got.grads["emb.weight"][:, 5], torch.zeros(2, 3, dtype=F64))
             assert got.grads["emb.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("pool", ["flatten", "mean"])
+def test_a_text_model_exports_to_torch_modules_that_predict_the_same(pool):
+    """``to_module``: nn.Embedding (with its padding row) where every layer has a torch twin, the
+    exact fallback where one (Reduce) has none; both read the indices as the stacked model."""
+    from privdl.models.export import to_module
+
+    gen = torch.Generator().manual_seed(2)
+    model = text_model(9, 3, 5, 3, pool, padding=0)
+    params = model.init(n_nodes=1, generator=gen, dtype=F64)
+    one = {k: v[0] for k, v in params.items()}
+    module = to_module(model, one)
+    if pool == "flatten":
+        assert isinstance(module[0], nn.Embedding) and module[0].padding_idx == 0
+    x = torch.randint(0, 9, (6, 5), generator=gen)
+    with torch.no_grad():
+        want = model.forward(params, x[None])[0]
+        torch.testing.assert_close(module(x), want, rtol=1e-12, atol=1e-14)
