@@ -30,6 +30,9 @@ def text_model(
     layers: list = [("emb", Embedding(vocabulary, dim, padding_idx=padding))]
     if pool == "flatten":
         layers += [("flat", Flatten()), ("fc", Linear(length * dim, classes))]
+    elif pool == "tokenwise":  # a linear map at every position (its norms by positions)
+        layers += [("tok", Linear(dim, 3)), ("act", Activation("tanh")),
+                   ("pool", Reduce("mean", -2)), ("out", Linear(3, classes))]  # fmt: skip
     else:
         layers += [("pool", Reduce(pool, 1)), ("act", Activation("tanh")),
                    ("fc", Linear(dim, 3)), ("act2", Activation("relu")),
@@ -105,7 +108,7 @@ def _our_name(ref_name: str) -> str:
     length=st.integers(1, 6),
     vocabulary=st.integers(1, 7),  # few rows: many repeated indices in a sample
     dim=st.integers(1, 4),
-    pool=st.sampled_from(["flatten", "mean", "sum"]),
+    pool=st.sampled_from(["flatten", "mean", "sum", "tokenwise"]),
     clip=st.sampled_from(
         [
             ClipSpec("per_sample", 0.05),
@@ -234,3 +237,43 @@ def test_a_text_model_exports_to_torch_modules_that_predict_the_same(pool):
     with torch.no_grad():
         want = model.forward(params, x[None])[0]
         torch.testing.assert_close(module(x), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("positions", "d_in", "d_out"),
+    [(8, 64, 64), (3, 16, 16), (64, 4, 3), (1, 5, 7)],  # Gram, Gram, direct, Gram
+)
+def test_positional_linear_norms_equal_the_per_sample_gradients(positions, d_in, d_out):
+    """Both forms of a Linear at T positions against ``||G_s^T A_s||`` formed sample by sample."""
+    from privdl.engine.ghost import _direct_is_cheaper, _positional_linear_norms
+
+    gen = torch.Generator().manual_seed(positions)
+    a = torch.randn(2, 3, positions, d_in, generator=gen, dtype=F64)
+    g = torch.randn(2, 3, positions, d_out, generator=gen, dtype=F64)
+    weight, bias = _positional_linear_norms(a, g, bias=True)
+    for i in range(2):
+        for s in range(3):
+            assert float(weight[i, s]) == pytest.approx(
+                float((g[i, s].T @ a[i, s]).norm()), rel=1e-12
+            )
+            assert float(bias[i, s]) == pytest.approx(float(g[i, s].sum(0).norm()), rel=1e-12)
+    assert _direct_is_cheaper(d_out, d_in, positions) == (positions == 64)
+
+
+def test_a_wide_tokenwise_text_model_equals_the_loop_oracle():
+    """Embedding(40, 16) then Linear(16, 16) at 3 positions: the Gram form is chosen."""
+    gen = torch.Generator().manual_seed(5)
+    model = SequentialModel(
+        "wide", (3,),
+        [("emb", Embedding(40, 16)), ("tok", Linear(16, 16)), ("act", Activation("relu")),
+         ("pool", Reduce("sum", 1)), ("out", Linear(16, 3))],
+    )  # fmt: skip
+    params = model.init(n_nodes=2, generator=gen, dtype=F64, same_init=False)
+    x = torch.randint(0, 40, (2, 4, 3), generator=gen)
+    y = torch.randint(0, 3, (2, 4), generator=gen)
+    clip = ClipSpec("per_sample", 0.5)
+    want, want_norms = loop_oracle(model, params, x, y, clip)
+    got = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    for k in want:
+        torch.testing.assert_close(got.grads[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+    torch.testing.assert_close(got.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)

@@ -49,6 +49,15 @@ class PaddedText(MeanText):  # padding_idx: torch zeroes that row's gradient
         self.emb = nn.Embedding(30, 6, padding_idx=0)
 
 
+class TokenwiseText(MeanText):  # a linear map at every token, then the mean: positional norms
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.tok(self.emb(x))).mean(dim=1))
+
+
 class MaxText(MeanText):  # a max over the tokens is no layer of privdl's: the generic path
     def forward(self, x):
         return self.fc(self.emb(x).amax(1))
@@ -76,6 +85,7 @@ def _loop(module: nn.Module, params, x, y, threshold: float):
         (SumText, SequentialModuleModel),
         (ResidualText, GraphModuleModel),
         (PaddedText, SequentialModuleModel),
+        (TokenwiseText, SequentialModuleModel),
         (MaxText, ModuleModel),
     ],
 )

@@ -2,7 +2,9 @@
 
 For a Linear layer ``z_s = W a_s + b`` the per-sample gradient is ``G_s a_s^T`` (``G_s = dl_s/dz_s``),
 so its squared norm is ``||G_s||^2 ||a_s||^2`` (+ ``||G_s||^2`` for the bias) — no per-sample
-gradient is ever formed. The clipped sum ``sum_s w_s G_s a_s^T`` is one batched matmul
+gradient is ever formed. Applied at ``T`` positions of a sample (``a_s`` of shape ``(T, in)``, a
+token sequence), it is ``G_s^T A_s``: formed directly or as ``<G_s G_s^T, A_s A_s^T>``, as for a
+convolution below. The clipped sum ``sum_s w_s G_s a_s^T`` is one batched matmul
 ``(w * G)^T a``. For Conv2d with unfolded input ``U_s (Ck^2, L)`` and ``G_s (O, L)`` the per-sample
 gradient is ``G_s U_s^T``; its squared norm is either formed directly (cost ``O Ck^2 L``) or as
 ``<G_s^T G_s, U_s^T U_s>`` (cost ``L^2 (O + Ck^2)``), whichever is cheaper. For an Embedding
@@ -179,6 +181,28 @@ def _direct_is_cheaper(out_channels: int, patch_rows: int, positions: int) -> bo
     return o * ck * length <= length * length * (o + ck)
 
 
+def _positional_linear_norms(a: Tensor, g: Tensor, *, bias: bool) -> list[Tensor]:
+    """Rows (n, B) of the per-sample gradient norms of a Linear applied at ``T`` positions,
+    ``a (n, B, *T, in)``, ``g (n, B, *T, out)``: the weight's ``G_s^T A_s`` formed directly (cost
+    ``T in out``) or as ``<G_s G_s^T, A_s A_s^T>`` (cost ``T^2 (in + out)``), whichever is
+    cheaper (module docstring's conv rule, :func:`_direct_is_cheaper`); the bias's
+    ``sum_t G_st``."""
+    n, b = a.shape[:2]
+    flat_a = a.reshape(n * b, -1, a.shape[-1])  # (nB, T, in)
+    flat_g = g.reshape(n * b, -1, g.shape[-1])  # (nB, T, out)
+    positions, d_in, d_out = flat_a.shape[1], flat_a.shape[2], flat_g.shape[2]
+    if _direct_is_cheaper(d_out, d_in, positions):
+        per_sample = torch.bmm(flat_g.transpose(1, 2), flat_a)  # (nB, out, in)
+        weight = torch.linalg.vector_norm(per_sample.flatten(1), dim=1)
+    else:
+        gram = torch.bmm(flat_g, flat_g.transpose(1, 2)) * torch.bmm(flat_a, flat_a.transpose(1, 2))
+        weight = gram.sum((1, 2)).clamp_min(0).sqrt()
+    rows = [weight.reshape(n, b)]
+    if bias:
+        rows.append(torch.linalg.vector_norm(flat_g.sum(1), dim=-1).reshape(n, b))
+    return rows
+
+
 def embedding_norms(tokens: Tensor, g: Tensor, vocabulary: int) -> Tensor:
     """Per-sample gradient norms ``(n, B)`` of an Embedding read at ``tokens (n, B, L)`` (int64,
     in ``0 .. V - 1``) with output gradients ``g (n, B, L, D)`` (module docstring): the
@@ -303,7 +327,10 @@ def ghost_clipped_sum(
     # (name, layer, input or per-sample grads: None for a direct-path Conv2d, which has psg, ...)
     cache: list[tuple[str, object, Any, Tensor, Tensor | None]] = []
     for (lname, layer, lp, inp, _), g in zip(records, outs, strict=True):
-        if isinstance(layer, Linear):
+        if isinstance(layer, Linear) and inp.dim() > 3:  # positions: (n, B, *T, in)
+            rows.extend(_positional_linear_norms(inp, g, bias="bias" in lp))
+            cache.append((lname, layer, inp, g, None))
+        elif isinstance(layer, Linear):
             # ||G_s a_s^T||_F = ||G_s|| ||a_s||; the bias gradient G_s has norm ||G_s||
             g_norm = torch.linalg.vector_norm(g, dim=-1)
             rows.append(g_norm * torch.linalg.vector_norm(inp, dim=-1))
@@ -362,9 +389,11 @@ def ghost_clipped_sum(
     w = clip_factor(norms, threshold, kind=kind, scale=weights)  # (n, B): weight * clip factor
     grads: dict[str, Tensor] = {}
     for lname, layer, inp, g, psg in cache:
-        if isinstance(layer, Linear):
-            gw = g * w.unsqueeze(-1)
-            grads[f"{lname}.weight"] = torch.bmm(gw.transpose(1, 2), inp)
+        if isinstance(layer, Linear):  # positions flattened: sum_s w_s sum_t G_st a_st^T
+            gw = (g * w.reshape(n, b, *([1] * (g.dim() - 2)))).reshape(n, -1, g.shape[-1])
+            grads[f"{lname}.weight"] = torch.bmm(
+                gw.transpose(1, 2), inp.reshape(n, -1, inp.shape[-1])
+            )
             if layer.bias:
                 grads[f"{lname}.bias"] = gw.sum(1)
         elif isinstance(layer, Embedding):  # inp: the rows of the stacked table

@@ -135,18 +135,23 @@ class Linear(Layer):
         }
 
     def out_shape(self, in_shape):
-        if tuple(in_shape) != (self.in_features,):
+        if not in_shape or in_shape[-1] != self.in_features:
             raise ConfigError(
                 f"Linear({self.in_features}, {self.out_features}) on samples of shape "
-                f"{tuple(in_shape)}: it takes flat samples of {self.in_features} features"
+                f"{tuple(in_shape)}: their last dimension must have {self.in_features} features"
             )
-        return (self.out_features,)
+        return (*in_shape[:-1], self.out_features)
 
     def forward(self, params, a):
+        """``a (n, B, in)`` or ``(n, B, *positions, in)`` (the same map at every position, as
+        ``torch.nn.Linear`` on its last dimension)."""
         w = params["weight"].transpose(1, 2)
+        flat = a if a.dim() == 3 else a.reshape(a.shape[0], -1, a.shape[-1])
         if "bias" in params:
-            return torch.baddbmm(params["bias"].unsqueeze(1), a, w)
-        return torch.bmm(a, w)
+            z = torch.baddbmm(params["bias"].unsqueeze(1), flat, w)
+        else:
+            z = torch.bmm(flat, w)
+        return z if a.dim() == 3 else z.reshape(*a.shape[:-1], z.shape[-1])
 
 
 class Conv2d(Layer):
