@@ -18,7 +18,15 @@ from torch import nn
 from privdl.engine import ClipSpec, evaluate, node_gradients
 from privdl.engine.ghost import embedding_norms, supports_ghost
 from privdl.errors import DataError
-from privdl.models import Activation, Embedding, Flatten, Linear, Reduce, SequentialModel
+from privdl.models import (
+    Activation,
+    Embedding,
+    Flatten,
+    LayerNorm,
+    Linear,
+    Reduce,
+    SequentialModel,
+)
 
 F64 = torch.float64
 
@@ -30,9 +38,10 @@ def text_model(
     layers: list = [("emb", Embedding(vocabulary, dim, padding_idx=padding))]
     if pool == "flatten":
         layers += [("flat", Flatten()), ("fc", Linear(length * dim, classes))]
-    elif pool == "tokenwise":  # a linear map at every position (its norms by positions)
-        layers += [("tok", Linear(dim, 3)), ("act", Activation("tanh")),
-                   ("pool", Reduce("mean", -2)), ("out", Linear(3, classes))]  # fmt: skip
+    elif pool == "tokenwise":  # layer norm and a linear map at every position
+        layers += [("norm", LayerNorm((dim,))), ("tok", Linear(dim, 3)),
+                   ("act", Activation("tanh")), ("pool", Reduce("mean", -2)),
+                   ("out", Linear(3, classes))]  # fmt: skip
     else:
         layers += [("pool", Reduce(pool, 1)), ("act", Activation("tanh")),
                    ("fc", Linear(dim, 3)), ("act2", Activation("relu")),
@@ -54,6 +63,8 @@ class _Reference(nn.Module):
                 )
             elif isinstance(layer, Linear):
                 self.steps[name] = nn.Linear(layer.in_features, layer.out_features)
+            elif isinstance(layer, LayerNorm):
+                self.steps[name] = nn.LayerNorm(layer.normalized_shape, bias=layer.bias)
             self.kinds.append((name, layer))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

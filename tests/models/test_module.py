@@ -220,7 +220,7 @@ def _assert_ghost_equals_vmap(fast, slow, *, nodes, batch, threshold, seed):
         nn.Sequential(nn.Conv2d(1, 2, 3, dilation=2), nn.Flatten(), nn.Linear(8, 3)),
         nn.Sequential(nn.AvgPool2d(2, stride=1), nn.Flatten(), nn.Linear(25, 3)),
         nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(4, 3)),
-        nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm([2, 4, 4]), nn.Flatten(), nn.Linear(32, 3)),
+        nn.Sequential(nn.Conv2d(1, 2, 3), nn.PReLU(), nn.Flatten(), nn.Linear(32, 3)),
     ],
 )
 def test_other_modules_keep_the_generic_vmap_path(module):

@@ -58,6 +58,17 @@ class TokenwiseText(MeanText):  # a linear map at every token, then the mean: po
         return self.fc(F.relu(self.tok(self.emb(x))).mean(dim=1))
 
 
+class NormedText(nn.Module):  # layer norm over each sample's (tokens, features), no bias
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 6)
+        self.norm = nn.LayerNorm([7, 6], bias=False)
+        self.fc = nn.Linear(42, 3)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.emb(x)).flatten(1))
+
+
 class MaxText(MeanText):  # a max over the tokens is no layer of privdl's: the generic path
     def forward(self, x):
         return self.fc(self.emb(x).amax(1))
@@ -86,6 +97,7 @@ def _loop(module: nn.Module, params, x, y, threshold: float):
         (ResidualText, GraphModuleModel),
         (PaddedText, SequentialModuleModel),
         (TokenwiseText, SequentialModuleModel),
+        (NormedText, SequentialModuleModel),
         (MaxText, ModuleModel),
     ],
 )
@@ -157,3 +169,24 @@ def test_embedding_options_that_break_per_sample_clipping_are_refused(options, m
     module = nn.Sequential(nn.Embedding(30, 6, **options), nn.Flatten(), nn.Linear(42, 2))
     with pytest.raises(ConfigError, match=rf"Embedding \(0\): {message}"):
         from_module(module, in_shape=(7,))
+
+
+@pytest.mark.parametrize("shape", [[2, 4, 4], [4]])
+def test_layer_norm_on_a_conv_net_takes_the_ghost_path_and_agrees_with_vmap(shape):
+    """LayerNorm over a sample's whole map, or over its last dimension at every position."""
+    torch.manual_seed(3)
+    module = nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm(shape), nn.Tanh(), nn.Flatten(),
+                           nn.Linear(32, 3)).double()  # fmt: skip
+    model = from_module(module, in_shape=(1, 6, 6))
+    assert type(model) is SequentialModuleModel and supports_ghost(model)
+    gen = torch.Generator().manual_seed(4)
+    base = model.init(n_nodes=2, generator=gen, dtype=F64)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in base.items()}
+    x = torch.randn(2, 5, 1, 6, 6, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (2, 5), generator=gen)
+    clip = ClipSpec("per_sample", 0.2)
+    ghost = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    vmap = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="vmap")
+    for k in ghost.grads:
+        torch.testing.assert_close(ghost.grads[k], vmap.grads[k], rtol=1e-10, atol=1e-12, msg=k)
+    torch.testing.assert_close(ghost.per_sample_norms, vmap.per_sample_norms, rtol=1e-10, atol=0)

@@ -1,4 +1,5 @@
-"""Fast per-sample clipping for chains of Linear / Conv2d / GroupNorm layers ("ghost clipping").
+"""Fast per-sample clipping for chains of Linear / Conv2d / GroupNorm / LayerNorm / Embedding layers
+("ghost clipping").
 
 For a Linear layer ``z_s = W a_s + b`` the per-sample gradient is ``G_s a_s^T`` (``G_s = dl_s/dz_s``),
 so its squared norm is ``||G_s||^2 ||a_s||^2`` (+ ``||G_s||^2`` for the bias) — no per-sample
@@ -37,6 +38,7 @@ from privdl.models.base import (
     Embedding,
     Flatten,
     GroupNorm,
+    LayerNorm,
     Linear,
     MaxPool2d,
     Reduce,
@@ -44,7 +46,8 @@ from privdl.models.base import (
 )
 
 _SAMPLEWISE = (
-    Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, Embedding, Reduce,
+    Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
+    Reduce,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
@@ -305,7 +308,7 @@ def ghost_clipped_sum(
         lp = {k: v.detach() for k, v in lp.items()}
         if isinstance(layer, (Linear, Conv2d, Embedding)):
             inp, z = a.detach(), layer.forward(lp, a)
-        elif isinstance(layer, GroupNorm) and layer.affine:
+        elif isinstance(layer, (GroupNorm, LayerNorm)) and layer.affine:
             xhat = layer.normalize(a)  # the affine map's input
             inp, z = xhat.detach(), layer.affine_map(lp, xhat)
         else:
@@ -325,7 +328,7 @@ def ghost_clipped_sum(
     # rows r_j (n, B) with ||g_s||^2 = sum_j r_j^2: one vector norm over the rows at the end
     rows: list[Tensor] = []
     # (name, layer, input or per-sample grads: None for a direct-path Conv2d, which has psg, ...)
-    cache: list[tuple[str, object, Any, Tensor, Tensor | None]] = []
+    cache: list[tuple[str, object, Any, Any, Tensor | None]] = []
     for (lname, layer, lp, inp, _), g in zip(records, outs, strict=True):
         if isinstance(layer, Linear) and inp.dim() > 3:  # positions: (n, B, *T, in)
             rows.extend(_positional_linear_norms(inp, g, bias="bias" in lp))
@@ -345,6 +348,17 @@ def ghost_clipped_sum(
                 flat_g = flat_g * read.to(flat_g.dtype)
             rows.append(embedding_norms(tokens, flat_g, layer.num_embeddings))
             cache.append((lname, layer, layer.rows(tokens), flat_g, None))
+        elif isinstance(layer, LayerNorm):
+            # per-sample gradients of the elementwise weight and bias: the sums over the
+            # sample's positions of G_s * x_hat_s and of G_s, shaped as normalized_shape
+            k = len(layer.normalized_shape)
+            positions = tuple(range(2, g.dim() - k))
+            gw = (g * inp).sum(positions) if positions else g * inp
+            gb = (g.sum(positions) if positions else g) if layer.bias else None
+            rows.append(torch.linalg.vector_norm(gw.reshape(n, b, -1), dim=-1))
+            if gb is not None:
+                rows.append(torch.linalg.vector_norm(gb.reshape(n, b, -1), dim=-1))
+            cache.append((lname, layer, gw, gb, None))
         elif isinstance(layer, GroupNorm):
             # per-sample gradients of the per-channel weight and bias are C numbers each:
             # sum over positions of G_s * x_hat_s and of G_s; formed directly
@@ -402,6 +416,11 @@ def ghost_clipped_sum(
                 0, inp.reshape(-1), (g * w.to(g.dtype)[:, :, None, None]).reshape(-1, d)
             )
             grads[f"{lname}.weight"] = table.reshape(n, layer.num_embeddings, d)
+        elif isinstance(layer, LayerNorm):  # inp, g hold the per-sample weight, bias grads
+            scale = w.to(inp.dtype).reshape(n, b, *([1] * (inp.dim() - 2)))
+            grads[f"{lname}.weight"] = (inp * scale).sum(1)
+            if g is not None:
+                grads[f"{lname}.bias"] = (g * scale).sum(1)
         elif isinstance(layer, GroupNorm):  # inp, g hold the per-sample weight, bias grads
             grads[f"{lname}.weight"] = torch.einsum("nbc,nb->nc", inp, w.to(inp.dtype))
             grads[f"{lname}.bias"] = torch.einsum("nbc,nb->nc", g, w.to(g.dtype))

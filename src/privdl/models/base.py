@@ -402,6 +402,57 @@ class Reduce(Layer):
         return a.mean(dim=axis) if self.op == "mean" else a.sum(dim=axis)
 
 
+class LayerNorm(Layer):
+    """Layer normalisation over each sample's last dimensions (``torch.nn.LayerNorm``: statistics
+    over ``normalized_shape`` at every position, so per-sample clipping stays per sample), then
+    the elementwise affine map ``x_hat * weight + bias`` (weight 1 and bias 0 at init)."""
+
+    def __init__(
+        self,
+        normalized_shape: tuple[int, ...],
+        *,
+        eps: float = 1e-5,
+        affine: bool = True,
+        bias: bool = True,
+    ) -> None:
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps, self.affine, self.bias = eps, affine, bias and affine
+
+    def param_shapes(self) -> ParamShapes:
+        shapes: ParamShapes = {}
+        if self.affine:
+            shapes["weight"] = self.normalized_shape
+        if self.bias:
+            shapes["bias"] = self.normalized_shape
+        return shapes
+
+    def init(self, generator, dtype, device):
+        fill = {"weight": torch.ones, "bias": torch.zeros}
+        return {k: fill[k](s, dtype=dtype, device=device) for k, s in self.param_shapes().items()}
+
+    def out_shape(self, in_shape):
+        k = len(self.normalized_shape)
+        if tuple(in_shape[len(in_shape) - k :]) != self.normalized_shape or len(in_shape) < k:
+            raise ConfigError(f"LayerNorm{self.normalized_shape} on samples of shape {in_shape}")
+        return in_shape
+
+    def normalize(self, a: Tensor) -> Tensor:
+        """``x_hat``: ``a (n, B, ..., *normalized_shape)`` normalised, before the affine map."""
+        return F.layer_norm(a, self.normalized_shape, eps=self.eps)
+
+    def affine_map(self, params: dict[str, Tensor], xhat: Tensor) -> Tensor:
+        if not self.affine:
+            return xhat
+        shape = (xhat.shape[0],) + (1,) * (xhat.dim() - 1 - len(self.normalized_shape))
+        weight = params["weight"].reshape(*shape, *self.normalized_shape)
+        if "bias" not in params:
+            return xhat * weight
+        return torch.addcmul(params["bias"].reshape(weight.shape), xhat, weight)
+
+    def forward(self, params, a):
+        return self.affine_map(params, self.normalize(a))
+
+
 class Flatten(Layer):
     """Flatten each sample (C, H, W) to C*H*W, in torch's ``nn.Flatten`` order."""
 

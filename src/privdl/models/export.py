@@ -49,6 +49,7 @@ from privdl.models.base import (
     Flatten,
     GroupNorm,
     Layer,
+    LayerNorm,
     Linear,
     MaxPool2d,
     SequentialModel,
@@ -225,6 +226,11 @@ def _torch_layer(layer: Layer) -> nn.Module | None:
         return nn.AvgPool2d(layer.kernel_size)
     if type(layer) is Flatten:
         return nn.Flatten()
+    if type(layer) is LayerNorm:
+        return nn.LayerNorm(
+            layer.normalized_shape, eps=layer.eps, elementwise_affine=layer.affine,
+            bias=layer.bias, device=meta,
+        )  # fmt: skip
     if type(layer) is Embedding:
         return nn.Embedding(
             layer.num_embeddings, layer.embedding_dim, padding_idx=layer.padding_idx, device=meta

@@ -7,7 +7,7 @@ engine's ``vmap(grad)`` path, so any module torch.func can differentiate works.
 
 :func:`from_module` (what ``--model package.module:Name`` uses) first tries the fast path: an
 ``nn.Sequential`` (nested ones too) of ``Linear``, ``Conv2d`` (square kernel, one group, no
-dilation, zero padding), ``GroupNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (any
+dilation, zero padding), ``GroupNorm``, ``LayerNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (any
 stride and padding, square), ``AvgPool2d`` (stride = kernel), ``AdaptiveAvgPool2d(1)``, ``Flatten`` and ``Identity``, or a
 ``forward`` that ``torch.fx`` traces to a plain chain of them and of ``relu``/``sigmoid``/
 ``tanh``/``max_pool2d(x, k)``/``avg_pool2d(x, k)``/``adaptive_avg_pool2d(x, 1)``/
@@ -64,6 +64,7 @@ from privdl.models.base import (
     GroupNorm,
     Layer,
     LayerApply,
+    LayerNorm,
     Linear,
     MaxPool2d,
     ParamShapes,
@@ -261,6 +262,11 @@ def _as_layer(m: nn.Module) -> Layer | None:
         return AvgPool2d(None)
     if type(m) is nn.GroupNorm:
         return GroupNorm(m.num_groups, m.num_channels, eps=m.eps, affine=m.affine)
+    if type(m) is nn.LayerNorm:
+        return LayerNorm(
+            tuple(m.normalized_shape), eps=m.eps, affine=m.elementwise_affine,
+            bias=m.bias is not None,
+        )  # fmt: skip
     if type(m) is nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
         return Flatten()
     if type(m) is nn.Embedding:  # max_norm, scale_grad_by_freq: refused by ModuleModel;
