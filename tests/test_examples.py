@@ -94,3 +94,19 @@ def test_robust_hdp_own_clients(tmp_path):
         assert m, out
         assert 0.0 <= float(m[1]) <= 1.0 and float(m[2]) <= 8.0
         assert _recorded(tmp_path / algorithm)["epsilon"] <= 8.0
+
+
+def test_text_classifier_dpsgd(tmp_path):
+    out = _run("text_classifier_dpsgd.py", tmp_path)
+    m = re.search(
+        rf"epsilon = {NUMBER} \(target {NUMBER}; accountant (\S+), delta (\S+), unit (\w+), "
+        r"threat model (\w+)\)",
+        out,
+    )
+    assert m, out
+    eps, target = float(m[1]), float(m[2])
+    assert 0 < eps <= target == 3.0
+    assert (float(m[4]), m[5], m[6]) == (1e-5, "example", "central")
+    assert _recorded(tmp_path)["epsilon"] <= target
+    acc = re.search(rf"test accuracy of result\.model: {NUMBER} \(chance 0\.50", out)
+    assert acc and 0.0 <= float(acc[1]) <= 1.0, out
