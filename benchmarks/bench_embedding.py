@@ -19,7 +19,10 @@ The figures are ``private_over_plain``, ``clipped_over_plain``, ``vmap_over_priv
 ``opacus_over_private``. DP-SGD's noise covers every row of the table (``V D`` normals a step,
 as dense as the plain step's gradient and update), so at large ``V`` it dominates the price.
 
-    python benchmarks/bench_embedding.py --iters 20 [--threads 1] [--json-out out.json]
+``--net tokenwise`` puts ``nn.LayerNorm(D)`` and ``nn.Linear(D, D)`` at every token before the
+mean (their per-sample norms by positions, docs/engine.md).
+
+    python benchmarks/bench_embedding.py --iters 20 [--net tokenwise] [--threads 1] [--json-out out.json]
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ class BagOfEmbeddings(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.emb(x).mean(1))
+
+
+class Tokenwise(BagOfEmbeddings):
+    """``--net tokenwise``: LayerNorm and a Linear D -> D at every token before the mean."""
+
+    def __init__(self, vocabulary: int) -> None:
+        super().__init__(vocabulary)
+        self.norm, self.tok = nn.LayerNorm(DIM), nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.tok(self.norm(self.emb(x)))).mean(1))
+
+
+NETS = {"bag": BagOfEmbeddings, "tokenwise": Tokenwise}
 
 
 def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
@@ -78,10 +95,11 @@ def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
     return clipped_sum, step
 
 
-def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
+def bench(net_name: str, vocabulary: int, batch: int, iters: int) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    net = BagOfEmbeddings(vocabulary)
+    make = NETS[net_name]
+    net = make(vocabulary)
     model = from_module(net, in_shape=(LENGTH,))
     params = model.init(n_nodes=1, generator=gen)
     x = torch.randint(0, vocabulary, (1, batch, LENGTH), generator=gen)
@@ -109,7 +127,7 @@ def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
     def vmap() -> None:
         clipped("vmap")
 
-    plain_net = BagOfEmbeddings(vocabulary)
+    plain_net = make(vocabulary)
     plain_net.load_state_dict({k: v[0] for k, v in params.items()})
     opt = torch.optim.SGD(plain_net.parameters(), lr=LR)
 
@@ -118,7 +136,7 @@ def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
         F.cross_entropy(plain_net(x[0]), y[0]).backward()
         opt.step()
 
-    opacus_net = BagOfEmbeddings(vocabulary)
+    opacus_net = make(vocabulary)
     opacus_net.load_state_dict({k: v[0] for k, v in params.items()})
     opacus_sum, opacus = _opacus_step(opacus_net, x[0], y[0], noise_gen)
 
@@ -135,7 +153,7 @@ def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
     times = interleaved_seconds(funcs, iters=iters, warmup=2)
     med = [statistics.median(t) for t in times]
     row: dict[str, object] = {
-        "setting": f"bag of embeddings V={vocabulary}, D={DIM}, L={LENGTH}, batch {batch}",
+        "setting": f"{net_name} V={vocabulary}, D={DIM}, L={LENGTH}, batch {batch}",
         "private_s": med[0],
         "plain_s": med[1],
         "vmap_s": med[2],
@@ -153,13 +171,14 @@ def bench(vocabulary: int, batch: int, iters: int) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--net", choices=sorted(NETS), default="bag")
     ap.add_argument("--vocabularies", default="10000,50000")
     ap.add_argument("--batches", default="64")
     add_run_flags(ap)
     args = ap.parse_args()
     tuned = apply_run_flags(args)
     rows = [
-        bench(int(v), int(b), args.iters)
+        bench(args.net, int(v), int(b), args.iters)
         for v in args.vocabularies.split(",")
         for b in args.batches.split(",")
     ]
