@@ -190,3 +190,22 @@ def test_layer_norm_on_a_conv_net_takes_the_ghost_path_and_agrees_with_vmap(shap
     for k in ghost.grads:
         torch.testing.assert_close(ghost.grads[k], vmap.grads[k], rtol=1e-10, atol=1e-12, msg=k)
     torch.testing.assert_close(ghost.per_sample_norms, vmap.per_sample_norms, rtol=1e-10, atol=0)
+
+
+def test_a_cut_off_text_run_resumes_to_the_uninterrupted_end(tmp_path):
+    from privdl.data.custom import user_data
+    from privdl.loop import fit
+    from privdl.registry import make_config
+    from privdl.tasks import UserObjects
+
+    x, y = _text_data(300, 12, seed=2)
+    opts = dict(algorithm="decor", graph="ring:4", clip=1.0, epsilon=8.0, delta=1e-5, steps=8,
+                eval_every=4, batch_size=8, lr=0.5, task="user")  # fmt: skip
+    torch.manual_seed(0)
+    module = MeanText(classes=2)
+    full = privdl.train(model=module, data=(x, y), out=tmp_path / "full", progress=False, **opts)
+    fit(make_config(opts), tmp_path / "cut", progress=False, stop_after=4,
+        user=UserObjects(model=module, data=user_data((x, y))))  # fmt: skip
+    resumed = privdl.resume(tmp_path / "cut", model=module, data=(x, y), progress=False)
+    for k in full.params:
+        assert torch.equal(full.params[k], resumed.params[k]), k
