@@ -31,14 +31,20 @@ def _recorded(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())["final"]["privacy"]
 
 
-def test_own_cnn_decor_torus(tmp_path):
-    out = _run("own_cnn_decor_torus.py", tmp_path)
+def _epsilon_line(out: str) -> re.Match[str]:
+    """The printed ``epsilon = E (target T; accountant A, delta D, unit U, threat model M)``."""
     m = re.search(
         rf"epsilon = {NUMBER} \(target {NUMBER}; accountant (\S+), delta (\S+), unit (\w+), "
         r"threat model (\w+)\)",
         out,
     )
     assert m, out
+    return m
+
+
+def test_own_cnn_decor_torus(tmp_path):
+    out = _run("own_cnn_decor_torus.py", tmp_path)
+    m = _epsilon_line(out)
     eps, target = float(m[1]), float(m[2])
     assert 0 < eps <= target == 4.0
     assert (m[3], float(m[4]), m[5], m[6]) == ("secrdp+pld", 1e-5, "example",
@@ -98,12 +104,7 @@ def test_robust_hdp_own_clients(tmp_path):
 
 def test_text_classifier_dpsgd(tmp_path):
     out = _run("text_classifier_dpsgd.py", tmp_path)
-    m = re.search(
-        rf"epsilon = {NUMBER} \(target {NUMBER}; accountant (\S+), delta (\S+), unit (\w+), "
-        r"threat model (\w+)\)",
-        out,
-    )
-    assert m, out
+    m = _epsilon_line(out)
     eps, target = float(m[1]), float(m[2])
     assert 0 < eps <= target == 3.0
     assert (float(m[4]), m[5], m[6]) == (1e-5, "example", "central")
