@@ -217,7 +217,8 @@ def embedding_norms(tokens: Tensor, g: Tensor, vocabulary: int) -> Tensor:
     sample = torch.arange(n * b, device=tokens.device).reshape(n, b, 1)
     keys, where = torch.unique((sample * vocabulary + tokens).reshape(-1), return_inverse=True)
     rows = g.new_zeros((len(keys), d)).index_add_(0, where, g.reshape(-1, d))
-    squared = g.new_zeros(n * b).index_add_(0, keys // vocabulary, rows.square().sum(1))
+    row_sq = torch.linalg.vector_norm(rows, dim=1).square()
+    squared = g.new_zeros(n * b).index_add_(0, keys // vocabulary, row_sq)
     return squared.sqrt().reshape(n, b)
 
 
