@@ -209,3 +209,25 @@ def test_a_cut_off_text_run_resumes_to_the_uninterrupted_end(tmp_path):
     resumed = privdl.resume(tmp_path / "cut", model=module, data=(x, y), progress=False)
     for k in full.params:
         assert torch.equal(full.params[k], resumed.params[k]), k
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "options"),
+    [
+        ("dpsgd", {"batch_size": 8}),
+        ("ldp", {"graph": "ring:4", "batch_size": 8}),
+        ("dpfedavg", {"clients": 4, "batch_size": 8}),
+        ("robust-hdp", {"clients": 4, "batch_size": 8}),
+        ("porter-dp", {"graph": "ring:4", "batch_size": 8}),
+        ("privsgp-vr", {"graph": "ring:4"}),
+    ],
+)
+def test_a_text_model_trains_in_every_family(algorithm, options, tmp_path):
+    """Gossip, federated, PORTER and PrivSGP-VR runs read the indices too, within the budget."""
+    x, y = _text_data(400, 12, seed=3)
+    torch.manual_seed(0)
+    result = privdl.train(algorithm=algorithm, model=MeanText(classes=2), data=(x, y), clip=1.0,
+                          epsilon=8.0, delta=1e-5, steps=3, eval_every=3, lr=0.5,
+                          out=tmp_path / "run", progress=False, **options)  # fmt: skip
+    assert result.summary["completed"] and result.privacy["epsilon"] <= 8.0
+    assert 0.0 <= result.metrics[-1]["accuracy"] <= 1.0
