@@ -288,3 +288,24 @@ def test_a_wide_tokenwise_text_model_equals_the_loop_oracle():
     for k in want:
         torch.testing.assert_close(got.grads[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
     torch.testing.assert_close(got.per_sample_norms, want_norms, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pool", ["mean", "tokenwise"])
+def test_cuda_text_models_equal_the_cpu_clipped_gradients(pool):
+    """Embedding (padding row), LayerNorm and token-wise Linear on the device, float64."""
+    gen = torch.Generator().manual_seed(7)
+    model = text_model(50, 8, 10, 3, pool, padding=0)
+    params = model.init(n_nodes=3, generator=gen, dtype=F64, same_init=False)
+    x = torch.randint(0, 50, (3, 6, 10), generator=gen)
+    x[:, :, -3:] = 0
+    y = torch.randint(0, 3, (3, 6), generator=gen)
+    clip = ClipSpec("per_sample", 0.2)
+    cpu = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    on = {k: v.cuda() for k, v in params.items()}
+    gpu = node_gradients(model, on, x.cuda(), y.cuda(), loss="cross_entropy", clip=clip,
+                         method="ghost")  # fmt: skip
+    for k in cpu.grads:
+        torch.testing.assert_close(gpu.grads[k].cpu(), cpu.grads[k], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gpu.per_sample_norms.cpu(), cpu.per_sample_norms, rtol=1e-10, atol=0)
