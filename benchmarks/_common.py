@@ -177,3 +177,31 @@ def block_seconds(
         after()
         out.append((time.perf_counter() - t0) / count)
     return out
+
+
+def dpsgd_step(model, params: dict, x, y, *, clip, sigma: float, lr: float) -> Callable[[], None]:
+    """One call = one step of what ``privdl run dpsgd`` / ``privdl.train(algorithm="dpsgd")``
+    steps: :class:`privdl.algorithms.dsgd.DSGD` on one node (``complete:1``) with ``clip``
+    (per-sample) and its keyed ``aes-ziggurat`` noise of std ``sigma``, drawn in a background
+    thread one step ahead (:func:`privdl.algorithms.base.drawn_ahead`); ``x (1, B, ...)``."""
+    from privdl.algorithms.base import Keys, StepSize
+    from privdl.algorithms.dsgd import DSGD
+    from privdl.comm.local import LocalCommunicator
+    from privdl.engine import node_gradients
+    from privdl.topology import mixing_matrix, parse_graph
+
+    comm = LocalCommunicator(
+        mixing_matrix(parse_graph("complete:1"), "decor"),
+        dtype=x.dtype if x.is_floating_point() else next(iter(params.values())).dtype,
+    )
+    algo = DSGD(StepSize(lr), clip=clip, sigma=sigma)
+
+    def oracle(p, t, *, clip):
+        return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
+
+    box = {"s": algo.init(dict(params), oracle, comm, keys=Keys.from_seed(2))}
+
+    def step() -> None:
+        box["s"], _ = algo.step(box["s"], oracle, comm)
+
+    return step

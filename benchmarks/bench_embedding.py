@@ -12,11 +12,13 @@ against the plain torch step on the same data and CPU, interleaved so load drift
 * ``opacus`` (when Opacus is installed): its per-sample gradients (``GradSampleModule``, hooks),
   then the clipped sum, the noise and the update by hand.
 
-* ``clipped``: ``private`` without the noise (the price of per-sample clipping alone).
+* ``clipped``: ``private`` without the noise (the price of per-sample clipping alone);
+* ``step``: what ``privdl.train(algorithm="dpsgd")`` steps: the same clipping, its keyed
+  ``aes-ziggurat`` noise drawn in a background thread one step ahead, and the update.
 
 The clipped sums of ``private`` and ``vmap`` (and ``opacus``) are checked to agree before timing.
-The figures are ``private_over_plain``, ``clipped_over_plain``, ``vmap_over_private`` and
-``opacus_over_private``. DP-SGD's noise covers every row of the table (``V D`` normals a step,
+The figures are ``private_over_plain``, ``clipped_over_plain``, ``step_over_plain``,
+``vmap_over_private`` and ``opacus_over_private``. DP-SGD's noise covers every row of the table (``V D`` normals a step,
 as dense as the plain step's gradient and update), so at large ``V`` it dominates the price.
 
 ``--net tokenwise`` puts ``nn.LayerNorm(D)`` and ``nn.Linear(D, D)`` at every token before the
@@ -32,9 +34,17 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from _common import add_run_flags, apply_run_flags, emit, interleaved_seconds, machine_facts
+from _common import (
+    add_run_flags,
+    apply_run_flags,
+    dpsgd_step,
+    emit,
+    interleaved_seconds,
+    machine_facts,
+)
 from torch import nn
 
+from privdl.algorithms.base import finish_drawn_ahead
 from privdl.engine import ClipSpec, node_gradients
 from privdl.models import from_module
 
@@ -149,8 +159,10 @@ def bench(net_name: str, vocabulary: int, batch: int, iters: int) -> dict[str, o
         for k in ghost_g:
             torch.testing.assert_close(ghost_g[k], other[k], rtol=1e-4, atol=1e-6)
 
-    funcs = [private, plain, vmap, clipped_step] + ([opacus] if opacus is not None else [])
+    step = dpsgd_step(model, params, x, y, clip=clip, sigma=NOISE * CLIP / batch, lr=LR)
+    funcs = [private, plain, vmap, clipped_step, step] + ([opacus] if opacus is not None else [])
     times = interleaved_seconds(funcs, iters=iters, warmup=2)
+    finish_drawn_ahead()
     med = [statistics.median(t) for t in times]
     row: dict[str, object] = {
         "setting": f"{net_name} V={vocabulary}, D={DIM}, L={LENGTH}, batch {batch}",
@@ -158,13 +170,15 @@ def bench(net_name: str, vocabulary: int, batch: int, iters: int) -> dict[str, o
         "plain_s": med[1],
         "vmap_s": med[2],
         "clipped_s": med[3],
+        "step_s": med[4],
         "private_over_plain": med[0] / med[1],
         "clipped_over_plain": med[3] / med[1],
+        "step_over_plain": med[4] / med[1],
         "vmap_over_private": med[2] / med[0],
     }
     if opacus is not None:
-        row["opacus_s"] = med[4]
-        row["opacus_over_private"] = med[4] / med[0]
+        row["opacus_s"] = med[5]
+        row["opacus_over_private"] = med[5] / med[0]
     return row
 
 

@@ -34,18 +34,16 @@ from _common import (
     add_run_flags,
     apply_run_flags,
     block_seconds,
+    dpsgd_step,
     emit,
     interleaved_seconds,
     machine_facts,
 )
 from torch import nn
 
-from privdl.algorithms.base import Keys, StepSize, finish_drawn_ahead
-from privdl.algorithms.dsgd import DSGD
-from privdl.comm.local import LocalCommunicator
+from privdl.algorithms.base import finish_drawn_ahead
 from privdl.engine import ClipSpec, node_gradients
 from privdl.models import build_model
-from privdl.topology import mixing_matrix, parse_graph
 
 CLIP, NOISE, LR = 1.0, 1.0, 0.05
 BLOCK_ROUNDS = 9
@@ -92,17 +90,7 @@ def bench(name: str, batch: int, iters: int, block: int) -> dict[str, object]:
         crit(net(xt), yt).backward()
         opt.step()
 
-    one = parse_graph("complete:1")
-    comm = LocalCommunicator(mixing_matrix(one, "decor"), dtype=torch.float32)
-    dpsgd = DSGD(StepSize(LR), clip=clip, sigma=NOISE * CLIP / batch)
-
-    def oracle(p, t, *, clip):
-        return node_gradients(model, p, x, y, loss="cross_entropy", clip=clip)
-
-    box = {"s": dpsgd.init(dict(params), oracle, comm, keys=Keys.from_seed(2))}
-
-    def step() -> None:
-        box["s"], _ = dpsgd.step(box["s"], oracle, comm)
+    step = dpsgd_step(model, params, x, y, clip=clip, sigma=NOISE * CLIP / batch, lr=LR)
 
     priv_t, plain_t, step_t = interleaved_seconds([private, plain, step], iters=iters, warmup=2)
     finish_drawn_ahead()
