@@ -448,3 +448,35 @@ def test_forwards_that_are_not_plain_chains_keep_the_vmap_path(cls):
     params = model.init(n_nodes=1, generator=torch.Generator())
     with torch.no_grad():
         torch.testing.assert_close(model.forward(params, x)[0], model.module(x[0]))
+
+
+class InstanceNormNet(nn.Module):  # InstanceNorm = GroupNorm with one group a channel
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(4, affine=True)
+        self.head = nn.Linear(4 * 5 * 5, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.norm(self.conv(x))).flatten(1))
+
+
+def test_instance_norm_takes_the_ghost_path_and_equals_the_per_sample_loop():
+    gen = torch.Generator().manual_seed(8)
+    model = from_module(InstanceNormNet(), in_shape=(2, 5, 5))
+    assert isinstance(model, SequentialModuleModel) and supports_ghost(model)
+    params = _stacked(model.source, 2, gen)
+    x = torch.randn(2, 4, 2, 5, 5, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (2, 4), generator=gen)
+    res = node_gradients(model, params, x, y, loss="cross_entropy",
+                         clip=ClipSpec("per_sample", threshold=0.3), method="ghost")  # fmt: skip
+    ref = _loop_oracle(InstanceNormNet(), params, x, y, 0.3)
+    for k in ref:
+        torch.testing.assert_close(res.grads[k], ref[k], rtol=1e-10, atol=1e-12, msg=k)
+
+
+def test_instance_norm_with_running_statistics_is_refused():
+    module = nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=True),
+                           nn.Flatten(), nn.Linear(32, 3))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"InstanceNorm2d \(1\): track_running_stats keeps"):
+        from_module(module, in_shape=(1, 6, 6))

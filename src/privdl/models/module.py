@@ -7,7 +7,7 @@ engine's ``vmap(grad)`` path, so any module torch.func can differentiate works.
 
 :func:`from_module` (what ``--model package.module:Name`` uses) first tries the fast path: an
 ``nn.Sequential`` (nested ones too) of ``Linear``, ``Conv2d`` (square kernel, one group, no
-dilation, zero padding), ``GroupNorm``, ``LayerNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (any
+dilation, zero padding), ``GroupNorm``, ``InstanceNorm1d/2d``, ``LayerNorm``, ``ReLU``/``Sigmoid``/``Tanh``, ``MaxPool2d`` (any
 stride and padding, square), ``AvgPool2d`` (stride = kernel), ``AdaptiveAvgPool2d(1)``, ``Flatten`` and ``Identity``, or a
 ``forward`` that ``torch.fx`` traces to a plain chain of them and of ``relu``/``sigmoid``/
 ``tanh``/``max_pool2d(x, k)``/``avg_pool2d(x, k)``/``adaptive_avg_pool2d(x, 1)``/
@@ -129,6 +129,12 @@ class ModuleModel(StackedModel):
                     raise ConfigError(f"{type(sub).__name__}{where} {why}")
             if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
                 _check_embedding(sub, where)
+            if isinstance(sub, nn.modules.instancenorm._InstanceNorm) and sub.track_running_stats:
+                raise ConfigError(
+                    f"{type(sub).__name__}{where}: track_running_stats keeps running statistics "
+                    "of the data that no noise protects, and the trained model would carry them; "
+                    "set track_running_stats=False"
+                )
         self.module = copy.deepcopy(module).requires_grad_(False)
         self.name = name or type(module).__name__
         self.in_shape = tuple(int(s) for s in in_shape)
@@ -262,6 +268,8 @@ def _as_layer(m: nn.Module) -> Layer | None:
         return AvgPool2d(None)
     if type(m) is nn.GroupNorm:
         return GroupNorm(m.num_groups, m.num_channels, eps=m.eps, affine=m.affine)
+    if type(m) in (nn.InstanceNorm1d, nn.InstanceNorm2d):  # = GroupNorm with a group a channel
+        return GroupNorm(m.num_features, m.num_features, eps=m.eps, affine=m.affine)
     if type(m) is nn.LayerNorm:
         return LayerNorm(
             tuple(m.normalized_shape), eps=m.eps, affine=m.elementwise_affine,
