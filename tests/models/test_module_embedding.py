@@ -69,9 +69,9 @@ class NormedText(nn.Module):  # layer norm over each sample's (tokens, features)
         return self.fc(self.norm(self.emb(x)).flatten(1))
 
 
-class MaxText(MeanText):  # a max over the tokens is no layer of privdl's: the generic path
+class LogSumExpText(MeanText):  # logsumexp over the tokens is no layer of privdl's: generic
     def forward(self, x):
-        return self.fc(self.emb(x).amax(1))
+        return self.fc(torch.logsumexp(self.emb(x), 1))
 
 
 def _loop(module: nn.Module, params, x, y, threshold: float):
@@ -98,7 +98,7 @@ def _loop(module: nn.Module, params, x, y, threshold: float):
         (PaddedText, SequentialModuleModel),
         (TokenwiseText, SequentialModuleModel),
         (NormedText, SequentialModuleModel),
-        (MaxText, ModuleModel),
+        (LogSumExpText, ModuleModel),
     ],
 )
 def test_text_modules_equal_the_per_sample_loop(cls, kind):
@@ -231,3 +231,53 @@ def test_a_text_model_trains_in_every_family(algorithm, options, tmp_path):
                           out=tmp_path / "run", progress=False, **options)  # fmt: skip
     assert result.summary["completed"] and result.privacy["epsilon"] <= 8.0
     assert 0.0 <= result.metrics[-1]["accuracy"] <= 1.0
+
+
+class TextCNN(nn.Module):  # Kim-style: embedding, transpose, Conv1d, ReLU, max over time
+    def __init__(self, kernel: int = 3, stride: int = 1, padding: int = 1) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 6, padding_idx=0)
+        self.conv = nn.Conv1d(6, 5, kernel, stride=stride, padding=padding)
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(self.emb(x).transpose(1, 2)))
+        return self.fc(h.amax(dim=-1))
+
+
+class WideTextCNN(TextCNN):  # a wide kernel over 7 tokens: two positions, the Gram form
+    def __init__(self) -> None:
+        super().__init__(kernel=5, stride=2, padding=0)
+
+    def forward(self, x):  # the mean over time: every position gets a gradient
+        return self.fc(torch.tanh(self.conv(self.emb(x).transpose(1, 2))).mean(dim=-1))
+
+
+@pytest.mark.parametrize("cls", [TextCNN, WideTextCNN])
+def test_a_text_cnn_takes_the_ghost_path_and_equals_the_per_sample_loop(cls):
+    from privdl.engine.ghost import _direct_is_cheaper
+
+    torch.manual_seed(0)
+    module = cls().double()
+    model = from_module(module, in_shape=(7,))
+    assert type(model) is SequentialModuleModel and supports_ghost(model)
+    conv = module.conv
+    out_len = (7 + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
+    direct = _direct_is_cheaper(5, 6 * conv.kernel_size[0], out_len)
+    assert direct == (cls is TextCNN)  # both forms of the per-sample conv norm are exercised
+    gen = torch.Generator().manual_seed(1)
+    base = model.init(n_nodes=2, generator=gen, dtype=F64)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in base.items()}
+    x = torch.randint(0, 30, (2, 4, 7), generator=gen)
+    x[0, 1, 4:] = 0
+    y = torch.randint(0, 3, (2, 4), generator=gen)
+    want = _loop(cls().double(), params, x, y, 0.3)
+    got = {}
+    for method in ("ghost", "vmap"):
+        got[method] = node_gradients(model, params, x, y, loss="cross_entropy",
+                                     clip=ClipSpec("per_sample", 0.3), method=method)  # fmt: skip
+        for k in want:
+            torch.testing.assert_close(got[method].grads[k], want[k], rtol=1e-10, atol=1e-12)
+    # the norms themselves, against vmap's from the formed per-sample gradients
+    ghost, vmap = got["ghost"].per_sample_norms, got["vmap"].per_sample_norms
+    torch.testing.assert_close(ghost, vmap, rtol=1e-10, atol=0)

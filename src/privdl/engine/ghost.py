@@ -35,19 +35,17 @@ from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
-    Embedding,
     Flatten,
     GroupNorm,
-    LayerNorm,
     Linear,
     MaxPool2d,
-    Reduce,
     StackedModel,
 )
+from privdl.models.sequence import Conv1d, Embedding, LayerNorm, Reduce, Transpose
 
 _SAMPLEWISE = (
     Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
-    Reduce,
+    Reduce, Conv1d, Transpose,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
@@ -307,7 +305,7 @@ def ghost_clipped_sum(
         """One layer; a parameterised one's input (its ``x_hat`` for GroupNorm) and output
         are recorded for the per-sample norms."""
         lp = {k: v.detach() for k, v in lp.items()}
-        if isinstance(layer, (Linear, Conv2d, Embedding)):
+        if isinstance(layer, (Linear, Conv2d, Conv1d, Embedding)):
             inp, z = a.detach(), layer.forward(lp, a)
         elif isinstance(layer, (GroupNorm, LayerNorm)) and layer.affine:
             xhat = layer.normalize(a)  # the affine map's input
@@ -341,6 +339,18 @@ def ghost_clipped_sum(
             if "bias" in lp:
                 rows.append(g_norm)
             cache.append((lname, layer, inp, g, None))
+        elif isinstance(layer, Conv1d):  # the positional rule: G_s U_s^T with U_s the patches
+            u = layer.patches(inp)  # (nB, C k, L')
+            gu = g.reshape(n * b, g.shape[2], g.shape[3])  # (nB, O, L')
+            if _direct_is_cheaper(gu.shape[1], u.shape[1], u.shape[2]):
+                sample_grads = torch.bmm(gu, u.transpose(1, 2))
+                rows.append(torch.linalg.vector_norm(sample_grads.flatten(1), dim=1).reshape(n, b))
+            else:
+                gram = torch.bmm(gu.transpose(1, 2), gu) * torch.bmm(u.transpose(1, 2), u)
+                rows.append(gram.sum((1, 2)).clamp_min(0).sqrt().reshape(n, b))
+            if "bias" in lp:
+                rows.append(torch.linalg.vector_norm(gu.sum(-1), dim=-1).reshape(n, b))
+            cache.append((lname, layer, u.reshape(n, b, *u.shape[1:]), g, None))
         elif isinstance(layer, Embedding):
             tokens = inp.long().reshape(n, b, -1)
             flat_g = g.reshape(n, b, tokens.shape[2], -1)
@@ -411,6 +421,11 @@ def ghost_clipped_sum(
             )
             if layer.bias:
                 grads[f"{lname}.bias"] = gw.sum(1)
+        elif isinstance(layer, Conv1d):  # inp: the patches (n, B, C k, L')
+            gw_flat = torch.einsum("nbol,nbkl->nok", g * w[:, :, None, None], inp)
+            grads[f"{lname}.weight"] = gw_flat.reshape(n, *params[f"{lname}.weight"].shape[1:])
+            if layer.bias:
+                grads[f"{lname}.bias"] = torch.einsum("nbol,nb->no", g, w)
         elif isinstance(layer, Embedding):  # inp: the rows of the stacked table
             d = g.shape[-1]
             table = g.new_zeros((n * layer.num_embeddings, d)).index_add_(

@@ -23,14 +23,11 @@ from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
-    Embedding,
     Flatten,
     GroupNorm,
     Layer,
-    LayerNorm,
     Linear,
     MaxPool2d,
-    Reduce,
     SequentialModel,
     StackedModel,
 )
@@ -42,11 +39,13 @@ from privdl.models.module import (
     model_from_spec,
 )
 from privdl.models.resnet import StackedResNet
+from privdl.models.sequence import Conv1d, Embedding, LayerNorm, Reduce, Transpose
 
 __all__ = [
     "MODEL_NAMES",
     "Activation",
     "AvgPool2d",
+    "Conv1d",
     "Conv2d",
     "Embedding",
     "Flatten",
@@ -61,6 +60,7 @@ __all__ = [
     "SequentialModuleModel",
     "StackedModel",
     "StackedResNet",
+    "Transpose",
     "build_model",
     "from_module",
 ]

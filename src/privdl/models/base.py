@@ -96,6 +96,9 @@ class StackedModel(ABC):
 class Layer:
     """A stacked layer: ``forward(params, a)`` with ``a`` of shape ``(n, B, ...)``."""
 
+    #: the layer reads integer indices (an embedding), not float features
+    reads_indices: bool = False
+
     def param_shapes(self) -> ParamShapes:
         return {}
 
@@ -111,7 +114,7 @@ class Layer:
         raise NotImplementedError
 
 
-def _uniform(shape: Sequence[int], bound: float, gen, dtype, device) -> Tensor:
+def uniform_init(shape: Sequence[int], bound: float, gen, dtype, device) -> Tensor:
     return (torch.rand(tuple(shape), generator=gen, dtype=dtype, device=device) * 2 - 1) * bound
 
 
@@ -131,7 +134,8 @@ class Linear(Layer):
     def init(self, generator, dtype, device):
         bound = 1.0 / math.sqrt(self.in_features)
         return {
-            k: _uniform(s, bound, generator, dtype, device) for k, s in self.param_shapes().items()
+            k: uniform_init(s, bound, generator, dtype, device)
+            for k, s in self.param_shapes().items()
         }
 
     def out_shape(self, in_shape):
@@ -183,7 +187,8 @@ class Conv2d(Layer):
     def init(self, generator, dtype, device):
         bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**2)
         return {
-            k: _uniform(s, bound, generator, dtype, device) for k, s in self.param_shapes().items()
+            k: uniform_init(s, bound, generator, dtype, device)
+            for k, s in self.param_shapes().items()
         }
 
     def out_shape(self, in_shape):
@@ -325,134 +330,6 @@ class GroupNorm(Layer):
         return self.affine_map(params, self.normalize(a))
 
 
-class Embedding(Layer):
-    """Rows of a per-node table: ``z = W[t]`` for integer indices ``t (n, B, *idx)`` and ``W (n, V,
-    D)``, one lookup for all nodes in the stacked ``(n V, D)`` table (``torch.nn.Embedding``
-    without ``max_norm``; its init, N(0, 1), and its ``padding_idx``: that row starts at zero and
-    gets no gradient)."""
-
-    def __init__(
-        self, num_embeddings: int, embedding_dim: int, *, padding_idx: int | None = None
-    ) -> None:
-        if num_embeddings < 1 or embedding_dim < 1:
-            raise ConfigError(f"Embedding({num_embeddings}, {embedding_dim}): sizes must be >= 1")
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ConfigError(f"Embedding: padding_idx {padding_idx} outside the table")
-            padding_idx %= num_embeddings  # torch's rule for a negative index
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.padding_idx = padding_idx
-
-    def param_shapes(self) -> ParamShapes:
-        return {"weight": (self.num_embeddings, self.embedding_dim)}
-
-    def init(self, generator, dtype, device):
-        shape = (self.num_embeddings, self.embedding_dim)
-        weight = torch.randn(shape, generator=generator, dtype=dtype, device=device)
-        if self.padding_idx is not None:
-            weight[self.padding_idx] = 0.0
-        return {"weight": weight}
-
-    def out_shape(self, in_shape):
-        return (*in_shape, self.embedding_dim)
-
-    def rows(self, a: Tensor) -> Tensor:
-        """Row ``i V + t`` of the stacked table for index ``t`` of node ``i`` (int64, ``a``'s
-        shape); float indices are truncated (the data layer checks that they are integers)."""
-        offset = torch.arange(a.shape[0], device=a.device) * self.num_embeddings
-        return a.long() + offset.reshape(-1, *([1] * (a.dim() - 1)))
-
-    def read(self, a: Tensor) -> Tensor | None:
-        """``(n, B, *idx, 1)``: 1 where an index reads a row that learns, 0 at ``padding_idx``;
-        ``None`` without one."""
-        if self.padding_idx is None:
-            return None
-        return (a.long() != self.padding_idx).unsqueeze(-1)
-
-    def forward(self, params, a):
-        w = params["weight"]
-        z = F.embedding(self.rows(a), w.reshape(-1, w.shape[-1]))
-        read = self.read(a)
-        return z if read is None else torch.where(read, z, z.detach())
-
-
-class Reduce(Layer):
-    """The mean or sum of each sample over one of its dimensions: ``x.mean(dim)`` in a module's
-    ``forward``, with ``dim`` counted as torch counts it on ``(B, ...)`` (``dim >= 1``, or
-    negative from the end)."""
-
-    def __init__(self, op: str, dim: int) -> None:
-        if op not in ("mean", "sum") or dim == 0:
-            raise ConfigError(f"Reduce: {op} over dim {dim} (the mean or sum over dim != 0)")
-        self.op, self.dim = op, dim
-
-    def _axis(self, in_shape: tuple[int, ...]) -> int:
-        """The reduced dimension among the per-sample ones."""
-        axis = self.dim - 1 if self.dim > 0 else len(in_shape) + self.dim
-        if not 0 <= axis < len(in_shape):
-            raise ConfigError(f"Reduce: dim {self.dim} of a sample of shape {in_shape}")
-        return axis
-
-    def out_shape(self, in_shape):
-        axis = self._axis(tuple(in_shape))
-        return tuple(s for k, s in enumerate(in_shape) if k != axis)
-
-    def forward(self, params, a):
-        axis = 2 + self._axis(tuple(a.shape[2:]))
-        return a.mean(dim=axis) if self.op == "mean" else a.sum(dim=axis)
-
-
-class LayerNorm(Layer):
-    """Layer normalisation over each sample's last dimensions (``torch.nn.LayerNorm``: statistics
-    over ``normalized_shape`` at every position, so per-sample clipping stays per sample), then
-    the elementwise affine map ``x_hat * weight + bias`` (weight 1 and bias 0 at init)."""
-
-    def __init__(
-        self,
-        normalized_shape: tuple[int, ...],
-        *,
-        eps: float = 1e-5,
-        affine: bool = True,
-        bias: bool = True,
-    ) -> None:
-        self.normalized_shape = tuple(int(d) for d in normalized_shape)
-        self.eps, self.affine, self.bias = eps, affine, bias and affine
-
-    def param_shapes(self) -> ParamShapes:
-        shapes: ParamShapes = {}
-        if self.affine:
-            shapes["weight"] = self.normalized_shape
-        if self.bias:
-            shapes["bias"] = self.normalized_shape
-        return shapes
-
-    def init(self, generator, dtype, device):
-        fill = {"weight": torch.ones, "bias": torch.zeros}
-        return {k: fill[k](s, dtype=dtype, device=device) for k, s in self.param_shapes().items()}
-
-    def out_shape(self, in_shape):
-        k = len(self.normalized_shape)
-        if tuple(in_shape[len(in_shape) - k :]) != self.normalized_shape or len(in_shape) < k:
-            raise ConfigError(f"LayerNorm{self.normalized_shape} on samples of shape {in_shape}")
-        return in_shape
-
-    def normalize(self, a: Tensor) -> Tensor:
-        """``x_hat``: ``a (n, B, ..., *normalized_shape)`` normalised, before the affine map."""
-        return F.layer_norm(a, self.normalized_shape, eps=self.eps)
-
-    def affine_map(self, params: dict[str, Tensor], xhat: Tensor) -> Tensor:
-        if not self.affine:
-            return xhat
-        shape = (xhat.shape[0],) + (1,) * (xhat.dim() - 1 - len(self.normalized_shape))
-        weight = params["weight"].reshape(*shape, *self.normalized_shape)
-        if "bias" not in params:
-            return xhat * weight
-        return torch.addcmul(params["bias"].reshape(weight.shape), xhat, weight)
-
-    def forward(self, params, a):
-        return self.affine_map(params, self.normalize(a))
-
-
 class Flatten(Layer):
     """Flatten each sample (C, H, W) to C*H*W, in torch's ``nn.Flatten`` order."""
 
@@ -477,8 +354,9 @@ class SequentialModel(StackedModel):
             shape = layer.out_shape(shape)
         self.out_shape = shape
         first = self.layers[0][1] if self.layers else None
-        if isinstance(first, Embedding):
-            self.takes_indices, self.input_vocabulary = True, first.num_embeddings
+        if first is not None and first.reads_indices:  # an embedding (privdl.models.sequence)
+            self.takes_indices = True
+            self.input_vocabulary = first.num_embeddings  # type: ignore[attr-defined]
 
     def param_shapes(self) -> ParamShapes:
         return {

@@ -45,11 +45,9 @@ from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
-    Embedding,
     Flatten,
     GroupNorm,
     Layer,
-    LayerNorm,
     Linear,
     MaxPool2d,
     SequentialModel,
@@ -57,6 +55,7 @@ from privdl.models.base import (
 )
 from privdl.models.module import GraphModuleModel, ModuleModel, SequentialModuleModel
 from privdl.models.resnet import StackedResNet
+from privdl.models.sequence import Conv1d, Embedding, LayerNorm
 
 __all__ = ["StackedRow", "average_module", "node_modules", "to_module"]
 
@@ -226,6 +225,11 @@ def _torch_layer(layer: Layer) -> nn.Module | None:
         return nn.AvgPool2d(layer.kernel_size)
     if type(layer) is Flatten:
         return nn.Flatten()
+    if type(layer) is Conv1d:
+        return nn.Conv1d(
+            layer.in_channels, layer.out_channels, layer.kernel_size, stride=layer.stride,
+            padding=layer.padding, bias=layer.bias, device=meta,
+        )  # fmt: skip
     if type(layer) is LayerNorm:
         return nn.LayerNorm(
             layer.normalized_shape, eps=layer.eps, elementwise_affine=layer.affine,
