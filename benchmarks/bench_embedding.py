@@ -22,9 +22,10 @@ The figures are ``private_over_plain``, ``clipped_over_plain``, ``step_over_plai
 as dense as the plain step's gradient and update), so at large ``V`` it dominates the price.
 
 ``--net tokenwise`` puts ``nn.LayerNorm(D)`` and ``nn.Linear(D, D)`` at every token before the
-mean (their per-sample norms by positions, docs/engine.md).
+mean (their per-sample norms by positions, docs/engine.md); ``--net cnn`` is a text CNN
+(``nn.Conv1d(D, D, 3)`` over the tokens, ReLU, the max over time).
 
-    python benchmarks/bench_embedding.py --iters 20 [--net tokenwise] [--threads 1] [--json-out out.json]
+    python benchmarks/bench_embedding.py --iters 20 [--net tokenwise|cnn] [--threads 1] [--json-out out.json]
 """
 
 from __future__ import annotations
@@ -71,7 +72,18 @@ class Tokenwise(BagOfEmbeddings):
         return self.fc(torch.relu(self.tok(self.norm(self.emb(x)))).mean(1))
 
 
-NETS = {"bag": BagOfEmbeddings, "tokenwise": Tokenwise}
+class TextCNN(BagOfEmbeddings):
+    """``--net cnn``: Conv1d D -> D, kernel 3, over the tokens, ReLU, the max over time."""
+
+    def __init__(self, vocabulary: int) -> None:
+        super().__init__(vocabulary)
+        self.conv = nn.Conv1d(DIM, DIM, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(self.emb(x).transpose(1, 2))).amax(-1))
+
+
+NETS = {"bag": BagOfEmbeddings, "tokenwise": Tokenwise, "cnn": TextCNN}
 
 
 def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
