@@ -158,11 +158,12 @@ class Linear(Layer):
         return z if a.dim() == 3 else z.reshape(*a.shape[:-1], z.shape[-1])
 
 
-class Conv2d(Layer):
-    """Square-kernel 2-D convolution over stacked nodes, as one grouped convolution.
+class Convolution(Layer):
+    """What the convolutions share: ``in_channels`` to ``out_channels`` with a square kernel over
+    ``spatial_dims`` dimensions, weight ``(n, out, in, k, ...)`` and optional bias; torch's
+    default init (uniform on ``+-1/sqrt(in k^spatial_dims)``)."""
 
-    Weight ``(n, out, in, k, k)``; torch's default init (uniform on ``+-1/sqrt(in k^2)``).
-    """
+    spatial_dims = 2
 
     def __init__(
         self,
@@ -178,18 +179,25 @@ class Conv2d(Layer):
         self.kernel_size, self.stride, self.padding, self.bias = kernel_size, stride, padding, bias
 
     def param_shapes(self) -> ParamShapes:
-        k = self.kernel_size
-        shapes: ParamShapes = {"weight": (self.out_channels, self.in_channels, k, k)}
+        kernel = (self.kernel_size,) * self.spatial_dims
+        shapes: ParamShapes = {"weight": (self.out_channels, self.in_channels, *kernel)}
         if self.bias:
             shapes["bias"] = (self.out_channels,)
         return shapes
 
     def init(self, generator, dtype, device):
-        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**2)
+        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**self.spatial_dims)
         return {
             k: uniform_init(s, bound, generator, dtype, device)
             for k, s in self.param_shapes().items()
         }
+
+
+class Conv2d(Convolution):
+    """Square-kernel 2-D convolution over stacked nodes, as one grouped convolution.
+
+    Weight ``(n, out, in, k, k)``; torch's default init (uniform on ``+-1/sqrt(in k^2)``).
+    """
 
     def out_shape(self, in_shape):
         _, h, w = in_shape

@@ -6,14 +6,12 @@ without forming per-sample gradients (:mod:`privdl.engine.ghost`; docs/engine.md
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from privdl.errors import ConfigError
-from privdl.models.base import Layer, ParamShapes, uniform_init
+from privdl.models.base import Convolution, Layer, ParamShapes
 
 __all__ = ["Conv1d", "Embedding", "LayerNorm", "Reduce", "Transpose"]
 
@@ -124,36 +122,12 @@ class Transpose(Layer):
         return a.transpose(2 + i, 2 + j)
 
 
-class Conv1d(Layer):
+class Conv1d(Convolution):
     """1-D convolution over stacked nodes, as one grouped convolution (``torch.nn.Conv1d`` with one
     group, no dilation, zero padding). Weight ``(n, out, in, k)``; torch's default init (uniform
     on ``+-1/sqrt(in k)``)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        *,
-        stride: int = 1,
-        padding: int = 0,
-        bias: bool = True,
-    ) -> None:
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding, self.bias = kernel_size, stride, padding, bias
-
-    def param_shapes(self) -> ParamShapes:
-        shapes: ParamShapes = {"weight": (self.out_channels, self.in_channels, self.kernel_size)}
-        if self.bias:
-            shapes["bias"] = (self.out_channels,)
-        return shapes
-
-    def init(self, generator, dtype, device):
-        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size)
-        return {
-            k: uniform_init(s, bound, generator, dtype, device)
-            for k, s in self.param_shapes().items()
-        }
+    spatial_dims = 1
 
     def out_shape(self, in_shape):
         if len(in_shape) != 2 or in_shape[0] != self.in_channels:
