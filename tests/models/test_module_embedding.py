@@ -281,3 +281,26 @@ def test_a_text_cnn_takes_the_ghost_path_and_equals_the_per_sample_loop(cls):
     # the norms themselves, against vmap's from the formed per-sample gradients
     ghost, vmap = got["ghost"].per_sample_norms, got["vmap"].per_sample_norms
     torch.testing.assert_close(ghost, vmap, rtol=1e-10, atol=0)
+
+
+class TwoTables(nn.Module):  # two embeddings: privdl cannot tell which one reads the input
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 4)
+        self.other = nn.Embedding(5, 4)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.emb(x).mean(1) + self.other.weight.sum(0))
+
+
+def test_an_index_past_an_unknown_table_is_a_one_line_data_error():
+    model = from_module(TwoTables(), in_shape=(3,))
+    assert model.takes_indices and model.input_vocabulary is None
+    gen = torch.Generator().manual_seed(0)
+    params = model.init(n_nodes=1, generator=gen)
+    x = torch.tensor([[[1, 2, 30]]])
+    with pytest.raises(DataError, match="an index outside an embedding's table") as err:
+        node_gradients(model, params, x, torch.tensor([[0]]), loss="cross_entropy",
+                       clip=ClipSpec("per_sample", 1.0))  # fmt: skip
+    assert "\n" not in str(err.value)

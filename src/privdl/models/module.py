@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from privdl.errors import ConfigError
+from privdl.errors import ConfigError, DataError
 from privdl.models.base import (
     ACTIVATIONS,
     Activation,
@@ -195,7 +195,14 @@ class ModuleModel(StackedModel):
         def one_node(p: dict[str, Tensor], xb: Tensor) -> Tensor:
             return functional_call(self.module, {**buffers, **p}, (xb,))
 
-        return vmap(one_node)(params, x)
+        try:
+            return vmap(one_node)(params, x)
+        except IndexError as exc:  # indices past a table whose size privdl could not check
+            if not self.takes_indices:
+                raise
+            raise DataError(
+                f"the input of {self.name}: an index outside an embedding's table ({exc})"
+            ) from None
 
 
 class SequentialModuleModel(SequentialModel):
