@@ -339,17 +339,10 @@ def ghost_clipped_sum(
             if "bias" in lp:
                 rows.append(g_norm)
             cache.append((lname, layer, inp, g, None))
-        elif isinstance(layer, Conv1d):  # the positional rule: G_s U_s^T with U_s the patches
+        elif isinstance(layer, Conv1d):  # a Linear at the L' positions: G_s U_s^T, U_s the patches
             u = layer.patches(inp)  # (nB, C k, L')
-            gu = g.reshape(n * b, g.shape[2], g.shape[3])  # (nB, O, L')
-            if _direct_is_cheaper(gu.shape[1], u.shape[1], u.shape[2]):
-                sample_grads = torch.bmm(gu, u.transpose(1, 2))
-                rows.append(torch.linalg.vector_norm(sample_grads.flatten(1), dim=1).reshape(n, b))
-            else:
-                gram = torch.bmm(gu.transpose(1, 2), gu) * torch.bmm(u.transpose(1, 2), u)
-                rows.append(gram.sum((1, 2)).clamp_min(0).sqrt().reshape(n, b))
-            if "bias" in lp:
-                rows.append(torch.linalg.vector_norm(gu.sum(-1), dim=-1).reshape(n, b))
+            patch_rows = u.transpose(1, 2).reshape(n, b, u.shape[2], u.shape[1])
+            rows.extend(_positional_linear_norms(patch_rows, g.transpose(2, 3), bias="bias" in lp))
             cache.append((lname, layer, u.reshape(n, b, *u.shape[1:]), g, None))
         elif isinstance(layer, Embedding):
             tokens = inp.long().reshape(n, b, -1)

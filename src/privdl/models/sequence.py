@@ -71,8 +71,8 @@ class Embedding(Layer):
 
 class Reduce(Layer):
     """The mean, sum or maximum of each sample over one of its dimensions: ``x.mean(dim)``
-    (``x.sum(dim)``, ``x.amax(dim)``) in a module's ``forward``, with ``dim`` counted as torch counts it on ``(B, ...)`` (``dim >= 1``, or
-    negative from the end)."""
+    (``x.sum(dim)``, ``x.amax(dim)``) in a module's ``forward``, with ``dim`` counted as torch
+    counts it on ``(B, ...)`` (``dim >= 1``, or negative from the end)."""
 
     def __init__(self, op: str, dim: int) -> None:
         if op not in ("mean", "sum", "amax") or dim == 0:
