@@ -237,7 +237,7 @@ def test_build_model_rejects_bad_input():
     with pytest.raises(ConfigError):
         build_model("mlp", in_shape=(3,), n_classes=2, depth=3)
     with pytest.raises(ConfigError):
-        build_model("mlp", in_shape=(3,), n_classes=2, activation="gelu")
+        build_model("mlp", in_shape=(3,), n_classes=2, activation="swish")
     with pytest.raises(ConfigError):
         build_model("cnn-mnist", in_shape=(1, 30, 30), n_classes=10)
     with pytest.raises(ConfigError):

@@ -31,12 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privdl.engine.clipping import ClipKind, clip_factor
+from privdl.models.attention import InProjection, SelfAttention
 from privdl.models.base import (
     Activation,
     AvgPool2d,
     Conv2d,
     Flatten,
     GroupNorm,
+    Layer,
     Linear,
     MaxPool2d,
     StackedModel,
@@ -45,7 +47,7 @@ from privdl.models.sequence import Conv1d, Embedding, LayerNorm, Reduce, Transpo
 
 _SAMPLEWISE = (
     Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
-    Reduce, Conv1d, Transpose,
+    Reduce, Conv1d, Transpose, InProjection, SelfAttention,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
@@ -299,7 +301,7 @@ def ghost_clipped_sum(
 
     Returns ``(grads, losses (n, B), norms (n, B))``; masked samples have zero norm and weight.
     """
-    records: list[tuple[str, object, dict[str, Tensor], Tensor, Tensor]] = []
+    records: list[tuple[str, Layer, dict[str, Tensor], Tensor, Tensor]] = []
 
     def run(lname: str, layer, lp: dict[str, Tensor], a: Tensor) -> Tensor:
         """One layer; a parameterised one's input (its ``x_hat`` for GroupNorm) and output
@@ -327,7 +329,7 @@ def ghost_clipped_sum(
     # rows r_j (n, B) with ||g_s||^2 = sum_j r_j^2: one vector norm over the rows at the end
     rows: list[Tensor] = []
     # (name, layer, input or per-sample grads: None for a direct-path Conv2d, which has psg, ...)
-    cache: list[tuple[str, object, Any, Any, Tensor | None]] = []
+    cache: list[tuple[str, Layer, Any, Any, Tensor | None]] = []
     for (lname, layer, lp, inp, _), g in zip(records, outs, strict=True):
         if isinstance(layer, Linear) and inp.dim() > 3:  # positions: (n, B, *T, in)
             rows.extend(_positional_linear_norms(inp, g, bias="bias" in lp))
@@ -409,30 +411,34 @@ def ghost_clipped_sum(
     for lname, layer, inp, g, psg in cache:
         if isinstance(layer, Linear):  # positions flattened: sum_s w_s sum_t G_st a_st^T
             gw = (g * w.reshape(n, b, *([1] * (g.dim() - 2)))).reshape(n, -1, g.shape[-1])
-            grads[f"{lname}.weight"] = torch.bmm(
+            grads[layer.param_key(lname, "weight")] = torch.bmm(
                 gw.transpose(1, 2), inp.reshape(n, -1, inp.shape[-1])
             )
             if layer.bias:
-                grads[f"{lname}.bias"] = gw.sum(1)
+                grads[layer.param_key(lname, "bias")] = gw.sum(1)
         elif isinstance(layer, Conv1d):  # inp: the patches (n, B, C k, L')
             gw_flat = torch.einsum("nbol,nbkl->nok", g * w[:, :, None, None], inp)
-            grads[f"{lname}.weight"] = gw_flat.reshape(n, *params[f"{lname}.weight"].shape[1:])
+            grads[layer.param_key(lname, "weight")] = gw_flat.reshape(
+                n, *params[layer.param_key(lname, "weight")].shape[1:]
+            )
             if layer.bias:
-                grads[f"{lname}.bias"] = torch.einsum("nbol,nb->no", g, w)
+                grads[layer.param_key(lname, "bias")] = torch.einsum("nbol,nb->no", g, w)
         elif isinstance(layer, Embedding):  # inp: the rows of the stacked table
             d = g.shape[-1]
             table = g.new_zeros((n * layer.num_embeddings, d)).index_add_(
                 0, inp.reshape(-1), (g * w.to(g.dtype)[:, :, None, None]).reshape(-1, d)
             )
-            grads[f"{lname}.weight"] = table.reshape(n, layer.num_embeddings, d)
+            grads[layer.param_key(lname, "weight")] = table.reshape(n, layer.num_embeddings, d)
         elif isinstance(layer, LayerNorm):  # inp, g hold the per-sample weight, bias grads
             scale = w.to(inp.dtype).reshape(n, b, *([1] * (inp.dim() - 2)))
-            grads[f"{lname}.weight"] = (inp * scale).sum(1)
+            grads[layer.param_key(lname, "weight")] = (inp * scale).sum(1)
             if g is not None:
-                grads[f"{lname}.bias"] = (g * scale).sum(1)
+                grads[layer.param_key(lname, "bias")] = (g * scale).sum(1)
         elif isinstance(layer, GroupNorm):  # inp, g hold the per-sample weight, bias grads
-            grads[f"{lname}.weight"] = torch.einsum("nbc,nb->nc", inp, w.to(inp.dtype))
-            grads[f"{lname}.bias"] = torch.einsum("nbc,nb->nc", g, w.to(g.dtype))
+            grads[layer.param_key(lname, "weight")] = torch.einsum(
+                "nbc,nb->nc", inp, w.to(inp.dtype)
+            )
+            grads[layer.param_key(lname, "bias")] = torch.einsum("nbc,nb->nc", g, w.to(g.dtype))
         else:
             assert isinstance(layer, Conv2d)
             if psg is not None:  # sum_b w[n, b] psg[r, (n, b)], one bmm over (r, n)
@@ -445,8 +451,10 @@ def ghost_clipped_sum(
                     gw_flat = out.view(r, n, o, -1, r).permute(1, 2, 3, 0, 4).reshape(n, o, -1)
             else:
                 gw_flat = torch.einsum("nbol,nbkl->nok", g * w[:, :, None, None], inp)
-            grads[f"{lname}.weight"] = gw_flat.reshape(n, *params[f"{lname}.weight"].shape[1:])
+            grads[layer.param_key(lname, "weight")] = gw_flat.reshape(
+                n, *params[layer.param_key(lname, "weight")].shape[1:]
+            )
             if layer.bias:
-                grads[f"{lname}.bias"] = torch.einsum("nbol,nb->no", g, w)
+                grads[layer.param_key(lname, "bias")] = torch.einsum("nbol,nb->no", g, w)
     ordered = {k: grads[k] for k in params}
     return ordered, losses.detach(), norms

@@ -113,6 +113,10 @@ class Layer:
     def forward(self, params: dict[str, Tensor], a: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def param_key(self, name: str, key: str) -> str:
+        """The model-wide name of parameter ``key`` of the layer called ``name``."""
+        return f"{name}.{key}"
+
 
 def uniform_init(shape: Sequence[int], bound: float, gen, dtype, device) -> Tensor:
     return (torch.rand(tuple(shape), generator=gen, dtype=dtype, device=device) * 2 - 1) * bound
@@ -227,11 +231,12 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
+    "gelu": F.gelu,  # the exact (erf) form, nn.GELU()'s default
 }
 
 
 class Activation(Layer):
-    """Elementwise activation (relu, sigmoid, tanh)."""
+    """Elementwise activation (relu, sigmoid, tanh, gelu)."""
 
     def __init__(self, name: str) -> None:
         if name not in ACTIVATIONS:
@@ -368,7 +373,7 @@ class SequentialModel(StackedModel):
 
     def param_shapes(self) -> ParamShapes:
         return {
-            f"{lname}.{k}": s
+            layer.param_key(lname, k): s
             for lname, layer in self.layers
             for k, s in layer.param_shapes().items()
         }
@@ -379,13 +384,13 @@ class SequentialModel(StackedModel):
         out: dict[str, Tensor] = {}
         for lname, layer in self.layers:
             for k, v in layer.init(generator, dtype, device).items():
-                out[f"{lname}.{k}"] = v
+                out[layer.param_key(lname, k)] = v
         return out
 
     def layer_params(
         self, params: dict[str, Tensor], lname: str, layer: Layer
     ) -> dict[str, Tensor]:
-        return {k: params[f"{lname}.{k}"] for k in layer.param_shapes()}
+        return {k: params[layer.param_key(lname, k)] for k in layer.param_shapes()}
 
     def forward(self, params, x):
         return self.forward_with(params, x, lambda lname, layer, lp, a: layer.forward(lp, a))

@@ -59,7 +59,9 @@ from privdl.models.sequence import Conv1d, Embedding, LayerNorm
 
 __all__ = ["StackedRow", "average_module", "node_modules", "to_module"]
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU,
+}  # fmt: skip
 
 
 def to_module(model: StackedModel, params: dict[str, Tensor]) -> nn.Module:

@@ -55,6 +55,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from privdl.errors import ConfigError, DataError
+from privdl.models.attention import InProjection, SelfAttention
 from privdl.models.base import (
     ACTIVATIONS,
     Activation,
@@ -84,9 +85,15 @@ _REFUSED: tuple[tuple[type[nn.Module], str], ...] = (
     (
         nn.modules.dropout._DropoutNd,
         "draws a random mask the vectorized per-sample gradients cannot redraw per sample; "
-        "remove it",
+        "remove it or set p=0",
     ),
 )
+
+
+def _is_identity_dropout(m: nn.Module) -> bool:
+    """A dropout module with ``p = 0`` (the identity; ``nn.TransformerEncoderLayer(dropout=0)``
+    holds three)."""
+    return isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0
 
 
 def _check_embedding(m: nn.Embedding | nn.EmbeddingBag, where: str) -> None:
@@ -124,10 +131,15 @@ class ModuleModel(StackedModel):
         for sub_name, sub in module.named_modules():
             where = f" ({sub_name})" if sub_name else ""
             for kind, why in _REFUSED:
-                if isinstance(sub, kind):
+                if isinstance(sub, kind) and not _is_identity_dropout(sub):
                     raise ConfigError(f"{type(sub).__name__}{where} {why}")
             if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
                 _check_embedding(sub, where)
+            if isinstance(sub, nn.MultiheadAttention) and sub.dropout:
+                raise ConfigError(
+                    f"MultiheadAttention{where}: dropout={sub.dropout} draws a random mask the "
+                    "vectorized per-sample gradients cannot redraw per sample; set dropout=0"
+                )
             if isinstance(sub, nn.modules.instancenorm._InstanceNorm) and sub.track_running_stats:
                 raise ConfigError(
                     f"{type(sub).__name__}{where}: track_running_stats keeps running statistics "
@@ -239,8 +251,12 @@ def _pair(v, what: str) -> int:
 
 def _as_layer(m: nn.Module) -> Layer | None:
     """privdl's layer for one leaf module (``None`` for ``Identity``); ``ValueError`` if none."""
-    if isinstance(m, nn.Identity):
+    if isinstance(m, nn.Identity) or _is_identity_dropout(m):
         return None
+    if type(m) is nn.GELU:
+        if m.approximate != "none":
+            raise ValueError("gelu approximation")
+        return Activation("gelu")
     if type(m) is nn.Linear:
         return Linear(m.in_features, m.out_features, bias=m.bias is not None)
     if type(m) is nn.Conv2d:
@@ -340,10 +356,103 @@ TracedStep = tuple[str, "Layer | None", tuple[int, ...]]
 
 _ADDS = (operator.add, operator.iadd, torch.add, "add", "add_")
 
+#: The keyword arguments a traced call may pass to a converted attention module, at these values
+#: only (no masks: a padding mask would need per-sample inputs beside the features).
+_ATTENTION_KWARGS = {
+    "attn_mask": None, "key_padding_mask": None, "is_causal": False, "src_mask": None,
+    "src_key_padding_mask": None, "mask": None,
+}  # fmt: skip
+_TRANSFORMERS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
+class _Steps:
+    """The traced steps under construction; :meth:`push` appends one and returns its index."""
+
+    def __init__(self) -> None:
+        self.steps: list[TracedStep] = []
+
+    def push(self, name: str, layer: Layer | None, inputs: tuple[int, ...]) -> int:
+        self.steps.append((name, layer, inputs))
+        return len(self.steps) - 1
+
+    def add(self, a: int, b: int) -> int:
+        return self.push(f"add{len(self.steps)}", None, (a, b))
+
+    def attention(self, name: str, m: nn.MultiheadAttention, a: int) -> int:
+        """Self-attention at step ``a``: input projection, attention of the heads, output
+        projection (:mod:`privdl.models.attention`)."""
+        if not m.batch_first or not m._qkv_same_embed_dim:
+            raise ValueError("attention layout")  # (T, B, D) inputs or separate q/k/v weights
+        if m.bias_k is not None or m.add_zero_attn or m.dropout:
+            raise ValueError("attention options")
+        d = m.embed_dim
+        a = self.push(name, InProjection(d, bias=m.in_proj_bias is not None), (a,))
+        a = self.push(f"{name}.attention{len(self.steps)}", SelfAttention(d, m.num_heads), (a,))
+        out = cast(nn.Linear, m.out_proj)
+        return self.push(f"{name}.out_proj", Linear(d, d, bias=out.bias is not None), (a,))
+
+    def encoder_layer(self, name: str, m: nn.TransformerEncoderLayer, a: int) -> int:
+        """``nn.TransformerEncoderLayer`` at step ``a``: attention and feed-forward blocks, each
+        with its residual sum, layer norm after (post-norm) or before (``norm_first``)."""
+        if any(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
+            raise ValueError("dropout")
+        act = m.activation
+        if isinstance(act, nn.Module):
+            act_layer = _as_layer(act)
+        elif act in _FX_ACTIVATIONS:
+            act_layer = Activation(_FX_ACTIVATIONS[act])
+        else:
+            raise ValueError("activation")
+        norm1, norm2 = _as_layer(m.norm1), _as_layer(m.norm2)
+        lin1, lin2 = _as_layer(m.linear1), _as_layer(m.linear2)
+
+        def feed_forward(h: int) -> int:
+            h = self.push(f"{name}.linear1", lin1, (h,))
+            h = self.push(f"{name}.activation{len(self.steps)}", act_layer, (h,))
+            return self.push(f"{name}.linear2", lin2, (h,))
+
+        if m.norm_first:
+            x1 = self.add(a, self.attention(f"{name}.self_attn", m.self_attn, self.push(
+                f"{name}.norm1", norm1, (a,))))  # fmt: skip
+            return self.add(x1, feed_forward(self.push(f"{name}.norm2", norm2, (x1,))))
+        x1 = self.add(a, self.attention(f"{name}.self_attn", m.self_attn, a))
+        x1 = self.push(f"{name}.norm1", norm1, (x1,))
+        return self.push(f"{name}.norm2", norm2, (self.add(x1, feed_forward(x1)),))
+
+    def encoder(self, name: str, m: nn.TransformerEncoder, a: int) -> int:
+        """``nn.TransformerEncoder``: its layers in turn, then its final norm if it has one."""
+        for i, layer in enumerate(m.layers):
+            a = self.encoder_layer(f"{name}.layers.{i}", cast(nn.TransformerEncoderLayer, layer), a)
+        if m.norm is not None:
+            a = self.push(f"{name}.norm", _as_layer(m.norm), (a,))
+        return a
+
+    def transformer(self, name: str, m: nn.Module, node: Any, index: dict[Any, int]) -> int:
+        """A call of ``nn.MultiheadAttention`` (as self-attention: query, key and value the
+        same tensor), ``nn.TransformerEncoderLayer`` or ``nn.TransformerEncoder``, unmasked."""
+        args, kwargs = node.args, dict(node.kwargs)
+        for key, value in _ATTENTION_KWARGS.items():
+            if kwargs.pop(key, value) is not value:
+                raise ValueError(f"attention {key}")
+        if isinstance(m, nn.MultiheadAttention):
+            kwargs.pop("need_weights", None)
+            kwargs.pop("average_attn_weights", None)
+            if kwargs or len(args) != 3 or not args[0] is args[1] is args[2]:
+                raise ValueError("attention inputs")  # cross-attention or other arguments
+            return self.attention(name, m, index[args[0]])
+        if kwargs or len(args) != 1:
+            raise ValueError("encoder inputs")
+        if isinstance(m, nn.TransformerEncoderLayer):
+            return self.encoder_layer(name, m, index[args[0]])
+        return self.encoder(name, cast(nn.TransformerEncoder, m), index[args[0]])
+
 
 def _traced_steps(module: nn.Module) -> list[TracedStep]:
     """privdl's steps for a module whose ``forward`` ``torch.fx`` traces to a graph of supported
-    sub-modules, the functions ``relu``/``sigmoid``/``tanh``, ``max_pool2d(x, k)``,
+    sub-modules (``nn.MultiheadAttention`` as self-attention, ``attn(h, h, h)[0]``, and
+    ``nn.TransformerEncoderLayer``/``nn.TransformerEncoder``, ``batch_first``, unmasked, no
+    dropout, expanded by :class:`_Steps`), the functions ``relu``/``sigmoid``/``tanh``/``gelu``,
+    ``max_pool2d(x, k)``,
     ``avg_pool2d(x, k)``, ``adaptive_avg_pool2d(x, 1)`` and ``flatten(x, 1)``, and sums of two
     tensors (residual connections: ``a + b``, ``out += identity``); every sub-module with
     parameters called once (a shared weight's per-sample gradient is a sum over its uses, which
@@ -357,9 +466,11 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
     except Exception as exc:  # noqa: BLE001 - untraceable forward: the generic path
         raise ValueError("untraceable") from exc
     modules = dict(module.named_modules())
-    steps: list[TracedStep] = []
+    built = _Steps()
+    steps = built.steps
     index: dict[Any, int] = {}
     used: set[str] = set()
+    tuples: set[Any] = set()  # nn.MultiheadAttention's calls: (output, weights)
     for node in graph.nodes:
         if node.op == "placeholder":
             if index:
@@ -377,6 +488,11 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
             raise ValueError("input")
         if not node.users:  # a dead branch: its layers would get no gradient at all
             raise ValueError("unused step")
+        if node.args[0] in tuples:  # only the attention's output, [0], is supported
+            if node.target is not operator.getitem or tuple(node.args[1:]) != (0,):
+                raise ValueError("attention weights")
+            index[node] = index[node.args[0]]
+            continue
         in_place = node.target in (operator.iadd, "add_") or (
             node.op == "call_module" and getattr(modules[node.target], "inplace", False)
         )
@@ -390,6 +506,14 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
         name = str(fn)
         if node.op == "call_module":
             sub = modules[node.target]
+            if isinstance(sub, _TRANSFORMERS):  # expanded into privdl's steps
+                if node.target in used:
+                    raise ValueError("reused module")
+                used.add(node.target)
+                index[node] = built.transformer(node.target, sub, node, index)
+                if isinstance(sub, nn.MultiheadAttention):
+                    tuples.add(node)
+                continue
             has_params = any(True for _ in sub.parameters())
             if (has_params and node.target in used) or extra or kwargs:
                 raise ValueError("reused module")  # shared weights (a parameter-free one is fine)
@@ -474,7 +598,7 @@ class GraphModuleModel(StackedModel):
             self.takes_indices = True
             self.input_vocabulary = cast(Embedding, readers[0]).num_embeddings
         mine = {
-            f"{name}.{k}": v
+            layer.param_key(name, k): v
             for name, layer, _ in steps
             if layer is not None
             for k, v in layer.param_shapes().items()
@@ -499,7 +623,7 @@ class GraphModuleModel(StackedModel):
             if layer is None:
                 values.append(ins[0] + ins[1])
             else:
-                lp = {k: params[f"{name}.{k}"] for k in layer.param_shapes()}
+                lp = {k: params[layer.param_key(name, k)] for k in layer.param_shapes()}
                 values.append(apply(name, layer, lp, ins[0]))
         return values[-1]
 
