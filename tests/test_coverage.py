@@ -8,6 +8,7 @@ or an edit of the page, fails here until the two agree again.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -174,3 +175,21 @@ def test_robust_hdp_fmnist_and_falsified() -> None:
         assert f"{label} {lying['accuracy'] - truthful['accuracy']:+.2f}" in row
     truthful, lying = falsified["results"]["robust-hdp"]
     assert truthful["accuracy"] == lying["accuracy"] and "Robust-HDP 0 (bit-identical)" in row
+
+
+def test_findings_rows_named_exist_and_row_3_has_the_committed_ratios() -> None:
+    findings = (ROOT / "docs" / "findings.md").read_text()
+    numbered = {int(m) for m in re.findall(r"^\| (\d+) \|", findings, flags=re.M)}
+    named: set[int] = set()
+    for ref in re.findall(r"\[rows? ([\d, -]+)\]\(findings\.md\)", DOC.read_text()):
+        for part in ref.split(", "):
+            lo, _, hi = part.partition("-")
+            named.update(range(int(lo), int(hi or lo) + 1))
+    assert named and named <= numbered, sorted(named - numbered)
+
+    res = _summary("decor-fig1a")["results"]
+    row3 = next(line for line in findings.splitlines() if line.startswith("| 3 | DECOR |"))
+    for eps in (25, 30, 40):
+        ldp = _one(res, algorithm="ldp", topology="ring", epsilon=eps)["gap"]
+        dec = _one(res, algorithm="decor", topology="ring", epsilon=eps, variant="ours")["gap"]
+        assert f"{ldp / dec:.1f}x" in row3 and f"{ldp:.3g}" in row3 and f"{dec:.3g}" in row3
