@@ -229,7 +229,7 @@ def test_resume_continues_a_cut_off_run_bit_for_bit(tmp_path, monkeypatch) -> No
 def test_resume_flag_is_refused_where_a_reproduction_cannot_resume(capsys) -> None:
     from privdl.cli.main import main
 
-    assert main(["reproduce", "decor-fig2", "--quick", "--resume"]) == 2
+    assert main(["reproduce", "robust-hdp-table3", "--quick", "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot resume" in err[0]
 

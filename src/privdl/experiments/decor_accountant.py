@@ -86,8 +86,15 @@ def fig2_values(p: dict[str, Any], sigma_cors) -> tuple[float, np.ndarray, float
     )
 
 
-def run_fig2(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    """Fig 2: total user-level eps (Alg 2 + ACC-1) vs sigma_cor on the ring (DECOR App. D.1)."""
+def run_fig2(
+    out_dir: Path, *, quick: bool, data_dir: str | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Fig 2: total user-level eps (Alg 2 + ACC-1) vs sigma_cor on the ring (DECOR App. D.1).
+
+    ``resume`` (``privdl reproduce decor-fig2 --resume``) is accepted as for the training
+    reproductions, but there is nothing to continue: the figure is accountant arithmetic (no
+    training, no randomness, seconds), so it is recomputed in full and the same files are
+    written again."""
     p = load_preset("decor-fig2")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,8 +197,13 @@ def fig3_values(p: dict[str, Any], sigma_cors, *, with_rdp: bool = True) -> dict
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def run_fig3(out_dir: Path, *, quick: bool, data_dir: str | None = None) -> dict[str, Any]:
-    """Fig 3: example-level eps vs sigma_cor; the legacy curve and the composed ones (App. D.1)."""
+def run_fig3(
+    out_dir: Path, *, quick: bool, data_dir: str | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Fig 3: example-level eps vs sigma_cor; the legacy curve and the composed ones (App. D.1).
+
+    ``resume``: accepted and ignored, as for :func:`run_fig2` (accountant arithmetic only,
+    recomputed in full in seconds)."""
     p = load_preset("decor-fig3")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
