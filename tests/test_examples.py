@@ -13,14 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(\d+(?:\.\d+)?|inf)"
 
 
-def _run(script: str, out: Path) -> str:
+def _run(script: str, out: Path, *extra: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), "--quick", "--out", str(out)],
+        [sys.executable, str(ROOT / "examples" / script), "--quick", "--out", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,8 +104,9 @@ def test_robust_hdp_own_clients(tmp_path):
         assert _recorded(tmp_path / algorithm)["epsilon"] <= 8.0
 
 
-def test_text_classifier_dpsgd(tmp_path):
-    out = _run("text_classifier_dpsgd.py", tmp_path)
+@pytest.mark.parametrize("model", ["mean", "transformer"])
+def test_text_classifier_dpsgd(tmp_path, model):
+    out = _run("text_classifier_dpsgd.py", tmp_path, "--model", model)
     m = _epsilon_line(out)
     eps, target = float(m[1]), float(m[2])
     assert 0 < eps <= target == 3.0
