@@ -64,6 +64,26 @@ class Block(nn.Module):
         return self.fc(h.amax(1))
 
 
+class Positional(Block):
+    """Learned positions ``(1, T, D)`` added after the embedding (a ViT/BERT-style parameter),
+    a fixed sinusoidal table (a buffer) added in place, and a learned ``(D,)`` shift."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.ff1, self.ff2, self.ln2  # not used here
+        self.pos = nn.Parameter(0.1 * torch.randn(1, T, D))
+        self.shift = nn.Parameter(0.1 * torch.randn(D))
+        angle = torch.arange(T)[:, None] / 100.0 ** (torch.arange(D)[None, :] / D)
+        self.register_buffer("table", torch.sin(angle).float(), persistent=False)
+
+    def forward(self, x):
+        h = self.emb(x) + self.pos
+        h += self.table
+        a = self.ln1(h)
+        h = h + self.attn(a, a, a, need_weights=False)[0]
+        return self.fc(self.shift + h.mean(1))
+
+
 def _loop(module: nn.Module, params, x, y, threshold: float):
     """Per node and sample: the module with that node's weights, one backward, clip, mean."""
     out = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -94,6 +114,7 @@ CASES = [
     pytest.param(lambda: Encoder(layers=1, bias=False), id="no-bias"),
     pytest.param(lambda: Block(), id="hand-written-block"),
     pytest.param(lambda: Block(need_weights=True), id="block-weights-dropped"),
+    pytest.param(lambda: Positional(), id="positions-parameter-and-buffer"),
 ]
 
 
@@ -185,7 +206,13 @@ class Weights(Block):  # the attention weights are used: no conversion
         return self.fc((r[0] * r[1].sum(-1, keepdim=True)).mean(1))
 
 
-@pytest.mark.parametrize("cls", [CrossAttention, Masked, SeqFirst, Weights])
+class TwicePositional(Positional):  # one parameter added twice: its gradient sums two uses
+    def forward(self, x):
+        h = self.emb(x) + self.pos
+        return self.fc((self.ln1(h) + self.pos).mean(1))
+
+
+@pytest.mark.parametrize("cls", [CrossAttention, Masked, SeqFirst, Weights, TwicePositional])
 def test_other_attention_uses_keep_the_generic_path(cls):
     torch.manual_seed(0)
     model = from_module(cls(), in_shape=(T,))

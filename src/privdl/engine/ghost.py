@@ -43,11 +43,11 @@ from privdl.models.base import (
     MaxPool2d,
     StackedModel,
 )
-from privdl.models.sequence import Conv1d, Embedding, LayerNorm, Reduce, Transpose
+from privdl.models.sequence import AddParameter, Conv1d, Embedding, LayerNorm, Reduce, Transpose
 
 _SAMPLEWISE = (
     Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
-    Reduce, Conv1d, Transpose, InProjection, SelfAttention,
+    Reduce, Conv1d, Transpose, InProjection, SelfAttention, AddParameter,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
@@ -312,6 +312,8 @@ def ghost_clipped_sum(
         elif isinstance(layer, (GroupNorm, LayerNorm)) and layer.affine:
             xhat = layer.normalize(a)  # the affine map's input
             inp, z = xhat.detach(), layer.affine_map(lp, xhat)
+        elif isinstance(layer, AddParameter) and lp:
+            inp, z = a.detach(), layer.forward(lp, a)  # its gradient is the output gradient's
         else:
             return layer.forward(lp, a)
         if not z.requires_grad:
@@ -365,6 +367,10 @@ def ghost_clipped_sum(
             if gb is not None:
                 rows.append(torch.linalg.vector_norm(gb.reshape(n, b, -1), dim=-1))
             cache.append((lname, layer, gw, gb, None))
+        elif isinstance(layer, AddParameter):  # G_s summed where P broadcasts
+            offsets = layer.per_sample(g)
+            rows.append(torch.linalg.vector_norm(offsets.reshape(n, b, -1), dim=-1))
+            cache.append((lname, layer, offsets, None, None))
         elif isinstance(layer, GroupNorm):
             # per-sample gradients of the per-channel weight and bias are C numbers each:
             # sum over positions of G_s * x_hat_s and of G_s; formed directly
@@ -434,6 +440,9 @@ def ghost_clipped_sum(
             grads[layer.param_key(lname, "weight")] = (inp * scale).sum(1)
             if g is not None:
                 grads[layer.param_key(lname, "bias")] = (g * scale).sum(1)
+        elif isinstance(layer, AddParameter):  # inp: the per-sample gradients of P
+            flat = torch.einsum("nbk,nb->nk", inp.reshape(n, b, -1), w.to(inp.dtype))
+            grads[layer.param_key(lname, "weight")] = flat.reshape(n, *layer.shape)
         elif isinstance(layer, GroupNorm):  # inp, g hold the per-sample weight, bias grads
             grads[layer.param_key(lname, "weight")] = torch.einsum(
                 "nbc,nb->nc", inp, w.to(inp.dtype)

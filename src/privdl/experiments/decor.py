@@ -183,6 +183,42 @@ def _plot(
     plt.close(fig)
 
 
+def fig1a_figures(
+    out: Path,
+    results: dict[str, dict[str, Any]],
+    *,
+    epsilons: list[float],
+    topologies: list[str],
+) -> list[Path]:
+    """Fig 1a's two figures against eps, our calibration (``results[f"{alg}/{topo}/ours/{eps}"]``):
+    ``fig1a.png``, the code's optimality gap, and ``fig1a_loss_gap.png``, the paper's
+    training-loss gap L(xbar) - L* of the averaged model. Each point is the seeds' mean with
+    +- 1 std error bars (``gap_std``, ``loss_gap_std``)."""
+    paths = []
+    for metric, name, ylabel, title in (
+        ("gap", "fig1a.png", "optimality gap (code's metric)",
+         f"Fig 1a least squares\n{SHORT_CAPTION}"),
+        ("loss_gap", "fig1a_loss_gap.png", "L(xbar) - L*",
+         "Fig 1a, training-loss gap of the averaged model"),
+    ):  # fmt: skip
+        series = []
+        for alg, topo in _methods(topologies):
+            pts = [results[f"{alg}/{topo}/ours/{e}"] for e in epsilons]
+            series.append(
+                dict(
+                    algorithm=alg,
+                    topology=topo,
+                    label=f"{alg.upper()} {topo}",
+                    x=epsilons,
+                    y=[r[metric] for r in pts],
+                    err=[r[metric + "_std"] for r in pts],
+                )
+            )
+        _plot(out / name, series, xlabel="epsilon", ylabel=ylabel, title=title)
+        paths.append(out / name)
+    return paths
+
+
 def _methods(topologies: list[str]) -> list[tuple[str, str]]:
     """CDP once (complete graph, W = J), then DECOR and LDP on each topology
     (DECOR Section 6, Fig 1)."""
@@ -355,39 +391,7 @@ def run_fig1a(
         }
         for c in checks
     ]
-    series = []
-    for alg, topo in _methods(p["topologies"]):
-        for metric in ("gap",):
-            pts = [results[f"{alg}/{topo}/ours/{e}"] for e in p["epsilons"]]
-            series.append(
-                dict(
-                    algorithm=alg,
-                    topology=topo,
-                    label=f"{alg.upper()} {topo}",
-                    x=p["epsilons"],
-                    y=[r[metric] for r in pts],
-                    err=[r[metric + "_std"] for r in pts],
-                )
-            )
-    _plot(
-        out / "fig1a.png",
-        series,
-        xlabel="epsilon",
-        ylabel="optimality gap (code's metric)",
-        title=f"Fig 1a least squares\n{SHORT_CAPTION}",
-    )
-    for s in series:
-        s["y"] = [
-            results[f"{s['algorithm']}/{s['topology']}/ours/{e}"]["loss_gap"] for e in p["epsilons"]
-        ]
-        s["err"] = None
-    _plot(
-        out / "fig1a_loss_gap.png",
-        series,
-        xlabel="epsilon",
-        ylabel="L(xbar) - L*",
-        title="Fig 1a, training-loss gap of the averaged model",
-    )
+    fig1a_figures(out, results, epsilons=p["epsilons"], topologies=p["topologies"])
     head = ["method", "eps", "sigma", "sigma_cor", "accounted eps", "gap (code)", "L(xbar)-L*"]
     rows = [
         [

@@ -626,7 +626,8 @@ def _plots(
 ) -> list[Path]:
     """The paper's Figs. 2-3 panels: utility against rounds, utility against bits sent per
     agent (log axis, so from round 1 on: round 0 has sent 0 bits) and test accuracy against
-    rounds; sized to print at a page's width. With ``spread`` (the std per point over seeds)
+    rounds; sized to print at a page's width, with one legend under the three panels (inside
+    the accuracy panel it covered the curves). With ``spread`` (the std per point over seeds)
     each curve is the seeds' mean with a band of mean +- std (its lower edge kept above 0 on the
     log axes)."""
     import matplotlib
@@ -635,12 +636,16 @@ def _plots(
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[str]] = {
-        "dp": [k for k in curves if k.startswith(("PORTER-DP", "SoteriaFL"))],
+        # by budget, PORTER-DP first: the same colours however the summary orders its curves
+        "dp": sorted(
+            (k for k in curves if k.startswith(("PORTER-DP", "SoteriaFL"))),
+            key=lambda k: (float(k.partition("eps=")[2] or 0), not k.startswith("PORTER")),
+        ),
         "gc": [k for k in ("PORTER-GC", "BEER") if k in curves],
     }
     paths: list[Path] = []
     for gname, names in groups.items():
-        fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+        fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
         for name in names:
             c = curves[name]
             shown = name.replace("eps=", "NOMINAL eps=")  # Theorem 1's claim, not a guarantee
@@ -660,7 +665,6 @@ def _plots(
         axes[1].set_ylabel("train utility (running avg)", fontsize=LABEL_SIZE)
         axes[2].set_xlabel("communication rounds", fontsize=LABEL_SIZE)
         axes[2].set_ylabel("test accuracy", fontsize=LABEL_SIZE)
-        axes[2].legend(fontsize=LEGEND_SIZE)
         title = (
             f"porter-{which}: PORTER-DP vs SoteriaFL-SGD at Theorem 1's sigma_p for a NOMINAL "
             "eps (what it really spends: report.md)"
@@ -670,7 +674,12 @@ def _plots(
         if spread is not None:
             title += f"\nmean +- std over {n_seeds} seeds (shaded)"
         fig.suptitle(title, fontsize=TITLE_SIZE + 1)
-        fig.tight_layout()
+        handles, labels = axes[2].get_legend_handles_labels()
+        fig.legend(
+            handles, labels, loc="lower center", ncol=len(labels), fontsize=LEGEND_SIZE,
+            frameon=False,
+        )  # fmt: skip
+        fig.tight_layout(rect=(0, 0.07, 1, 1))  # the bottom strip is the legend's
         path = out / f"{which}_{gname}.png"
         fig.savefig(path, dpi=150)
         plt.close(fig)

@@ -13,7 +13,7 @@ from torch import Tensor
 from privdl.errors import ConfigError
 from privdl.models.base import Convolution, Layer, ParamShapes
 
-__all__ = ["Conv1d", "Embedding", "LayerNorm", "Reduce", "Transpose"]
+__all__ = ["AddParameter", "Conv1d", "Embedding", "LayerNorm", "Reduce", "Transpose"]
 
 
 class Embedding(Layer):
@@ -202,3 +202,52 @@ class LayerNorm(Layer):
 
     def forward(self, params, a):
         return self.affine_map(params, self.normalize(a))
+
+
+class AddParameter(Layer):
+    """``a + P``: a parameter of the module added to every sample (a transformer's learned
+    positional embedding, ``x + self.pos`` with ``pos`` of shape ``(T, D)`` or ``(1, T, D)``), or a
+    constant tensor (a buffer: fixed sinusoidal positions) when ``value`` is given. ``P``
+    broadcasts against one sample's shape, aligned from the right; a leading dimension where the
+    batch is must have size 1. The parameter keeps the module's own name (``key``).
+
+    A sample's gradient of ``P`` is its output gradient ``G_s`` summed over the dimensions ``P``
+    broadcasts along (:meth:`per_sample`), so the ghost path clips it from ``G_s`` alone."""
+
+    def __init__(self, key: str, shape: tuple[int, ...], *, value: Tensor | None = None) -> None:
+        self.key, self.shape, self.value = key, tuple(int(d) for d in shape), value
+
+    def param_shapes(self) -> ParamShapes:
+        return {} if self.value is not None else {"weight": self.shape}
+
+    def param_key(self, name: str, key: str) -> str:
+        return self.key
+
+    def _sample_shape(self, rank: int) -> tuple[int, ...]:
+        """``P``'s shape against samples of ``rank`` dimensions (leading ones padded)."""
+        extra = len(self.shape) - rank
+        if extra > 0 and any(d != 1 for d in self.shape[:extra]):
+            raise ConfigError(f"{self.key} of shape {self.shape} spans the batch dimension")
+        return (1,) * max(-extra, 0) + self.shape[max(extra, 0) :]
+
+    def out_shape(self, in_shape):
+        p = self._sample_shape(len(in_shape))
+        if any(q not in (1, s) for q, s in zip(p, in_shape, strict=True)):
+            raise ConfigError(
+                f"{self.key} of shape {self.shape} added to samples of shape {in_shape}"
+            )
+        return in_shape
+
+    def forward(self, params, a):
+        p = self._sample_shape(a.dim() - 2)
+        if self.value is not None:
+            return a + self.value.to(a.device, a.dtype).reshape(1, 1, *p)
+        return a + params["weight"].reshape(a.shape[0], 1, *p)
+
+    def per_sample(self, g: Tensor) -> Tensor:
+        """``(n, B, *P.shape)``: each sample's gradient of ``P`` from ``g (n, B, *sample)``."""
+        p = self._sample_shape(g.dim() - 2)
+        broadcast = tuple(2 + i for i, (q, s) in enumerate(zip(p, g.shape[2:], strict=True))
+                          if q == 1 and s != 1)  # fmt: skip
+        summed = g.sum(broadcast, keepdim=True) if broadcast else g
+        return summed.reshape(*g.shape[:2], *self.shape)
