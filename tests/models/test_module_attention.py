@@ -84,6 +84,24 @@ class Positional(Block):
         return self.fc(self.shift + h.mean(1))
 
 
+class PaddedEncoder(Encoder):
+    """Token 0 is padding: the encoder's key padding mask ``x == 0``, the first token pooled."""
+
+    def forward(self, x):
+        return self.fc(self.enc(self.emb(x), src_key_padding_mask=x == 0)[:, 0])
+
+
+class PaddedBlock(Block):
+    """nn.MultiheadAttention with ``key_padding_mask=x.eq(0)``, the last position pooled."""
+
+    def forward(self, x):
+        h = self.emb(x)
+        a = self.ln1(h)
+        h = h + self.attn(a, a, a, key_padding_mask=x.eq(0), need_weights=False)[0]
+        h = h + self.ff2(self.act(self.ff1(self.ln2(h))))
+        return self.fc(h[:, -1, :])
+
+
 def _loop(module: nn.Module, params, x, y, threshold: float):
     """Per node and sample: the module with that node's weights, one backward, clip, mean."""
     out = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -115,7 +133,18 @@ CASES = [
     pytest.param(lambda: Block(), id="hand-written-block"),
     pytest.param(lambda: Block(need_weights=True), id="block-weights-dropped"),
     pytest.param(lambda: Positional(), id="positions-parameter-and-buffer"),
+    pytest.param(lambda: PaddedEncoder(), id="encoder-padding-mask-first-token"),
+    pytest.param(lambda: PaddedBlock(), id="attention-padding-mask-last-token"),
 ]
+
+
+def _tokens(gen: torch.Generator):
+    """``(2, 4, T)`` tokens with padding (0) at the ends of some samples, never at positions 0
+    and T - 1 (a query with every key masked has no softmax, in torch too)."""
+    x = torch.randint(1, V, (2, 4, T), generator=gen)
+    x[0, 0, 2:4] = 0
+    x[1, 2, 1] = 0
+    return x
 
 
 @pytest.mark.parametrize("make", CASES)
@@ -127,11 +156,12 @@ def test_transformers_convert_and_equal_the_module(make):
     assert model.param_shapes() == {k: tuple(v.shape) for k, v in module.named_parameters()}
     assert any(isinstance(layer, SelfAttention) for _, layer, _ in model.layer_inputs())
     params = _params(model, 1)
-    x = torch.randint(0, V, (2, 4, T), generator=torch.Generator().manual_seed(2))
+    x = _tokens(torch.Generator().manual_seed(2))
     out = model.forward(params, x)
-    for i in range(2):  # the user's module with node i's weights, in eval (its fast path)
+    for i in range(2):  # the user's module with node i's weights, as in training and in eval
         module.load_state_dict({k: v[i] for k, v in params.items()})
         with torch.no_grad():
+            torch.testing.assert_close(out[i], module.train()(x[i]), rtol=1e-9, atol=1e-10)
             torch.testing.assert_close(out[i], module.eval()(x[i]), rtol=1e-9, atol=1e-10)
     again = to_module(model, {k: v[1] for k, v in params.items()})  # export: the user's class
     with torch.no_grad():
@@ -145,7 +175,7 @@ def test_transformer_clipped_gradients_equal_the_per_sample_loop(make):
     model = from_module(module, in_shape=(T,))
     params = _params(model, 3)
     gen = torch.Generator().manual_seed(4)
-    x = torch.randint(0, V, (2, 4, T), generator=gen)
+    x = _tokens(gen)
     x[0, 1] = 7  # one token repeated at every position
     y = torch.randint(0, 3, (2, 4), generator=gen)
     want = _loop(make().double(), params, x, y, 0.05)
@@ -181,10 +211,10 @@ class CrossAttention(Block):
         return self.fc(self.attn(h, self.ln1(h), self.ln1(h), need_weights=False)[0].mean(1))
 
 
-class Masked(Block):
+class Masked(Block):  # a mask other than x == pad: the generic path
     def forward(self, x):
         h = self.emb(x)
-        return self.fc(self.attn(h, h, h, key_padding_mask=x == 0)[0].mean(1))
+        return self.fc(self.attn(h, h, h, key_padding_mask=x > 15)[0].mean(1))
 
 
 class SeqFirst(nn.Module):

@@ -43,11 +43,19 @@ from privdl.models.base import (
     MaxPool2d,
     StackedModel,
 )
-from privdl.models.sequence import AddParameter, Conv1d, Embedding, LayerNorm, Reduce, Transpose
+from privdl.models.sequence import (
+    AddParameter,
+    Conv1d,
+    Embedding,
+    Index,
+    LayerNorm,
+    Reduce,
+    Transpose,
+)
 
 _SAMPLEWISE = (
     Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
-    Reduce, Conv1d, Transpose, InProjection, SelfAttention, AddParameter,
+    Reduce, Conv1d, Transpose, InProjection, SelfAttention, AddParameter, Index,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 

@@ -40,15 +40,24 @@ class SelfAttention(Layer):
     """Scaled dot-product attention of ``num_heads`` heads over a sample's positions: input
     ``(n, B, T, 3 D)`` (the queries, keys and values side by side, as ``nn.MultiheadAttention``
     packs them), output ``(n, B, T, D)``, the heads concatenated. ``causal`` masks the later
-    positions (``is_causal``)."""
+    positions (``is_causal``); ``padding_idx`` masks the keys where the model's input tokens hold
+    it (``key_padding_mask=x == padding_idx``), read from a second input."""
 
-    def __init__(self, embed_dim: int, num_heads: int, *, causal: bool = False) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        causal: bool = False,
+        padding_idx: int | None = None,
+    ) -> None:
         if embed_dim < 1 or num_heads < 1 or embed_dim % num_heads:
             raise ConfigError(
                 f"SelfAttention: embed_dim {embed_dim} must be a positive multiple of "
                 f"num_heads {num_heads}"
             )
         self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, causal
+        self.padding_idx = padding_idx
 
     def out_shape(self, in_shape):
         if len(in_shape) != 2 or in_shape[1] != 3 * self.embed_dim:
@@ -58,7 +67,9 @@ class SelfAttention(Layer):
             )
         return (in_shape[0], self.embed_dim)
 
-    def forward(self, params, a: Tensor) -> Tensor:
+    def forward(self, params, a: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """``tokens (n, B, T)``: with ``padding_idx``, the model's input, whose positions holding
+        ``padding_idx`` no query attends to (``key_padding_mask=tokens == padding_idx``)."""
         *lead, length, _ = a.shape
         h, d = self.num_heads, self.embed_dim // self.num_heads
         # (..., T, 3, H, d) -> three (..., H, T, d)
@@ -68,5 +79,10 @@ class SelfAttention(Layer):
         if self.causal:
             later = torch.ones(length, length, dtype=torch.bool, device=a.device).triu(1)
             scores = scores.masked_fill(later, float("-inf"))
+        if self.padding_idx is not None:
+            if tokens is None:
+                raise ConfigError("SelfAttention with a padding_idx needs the tokens")
+            padded = (tokens == self.padding_idx).reshape(*lead, 1, 1, length)
+            scores = scores.masked_fill(padded, float("-inf"))
         out = torch.matmul(scores.softmax(-1), v)  # (..., H, T, d)
         return out.transpose(-3, -2).reshape(*lead, length, self.embed_dim)

@@ -13,7 +13,7 @@ from torch import Tensor
 from privdl.errors import ConfigError
 from privdl.models.base import Convolution, Layer, ParamShapes
 
-__all__ = ["AddParameter", "Conv1d", "Embedding", "LayerNorm", "Reduce", "Transpose"]
+__all__ = ["AddParameter", "Conv1d", "Embedding", "Index", "LayerNorm", "Reduce", "Transpose"]
 
 
 class Embedding(Layer):
@@ -251,3 +251,22 @@ class AddParameter(Layer):
                           if q == 1 and s != 1)  # fmt: skip
         summed = g.sum(broadcast, keepdim=True) if broadcast else g
         return summed.reshape(*g.shape[:2], *self.shape)
+
+
+class Index(Layer):
+    """``h[:, i]``: one position of every sample (a transformer's first, "CLS", token), or any
+    index of a sample's dimensions by integers and full slices (``h[:, 0, :]``, ``h[:, :, -1]``)."""
+
+    def __init__(self, index: tuple[int | slice, ...]) -> None:
+        if not all(isinstance(i, int) or i == slice(None) for i in index):
+            raise ConfigError(f"Index{index}: only integers and full slices")
+        self.index = tuple(index)
+
+    def out_shape(self, in_shape):
+        try:
+            return tuple(torch.empty(in_shape, device="meta")[self.index].shape)
+        except IndexError as exc:
+            raise ConfigError(f"Index{self.index} of samples of shape {in_shape}: {exc}") from None
+
+    def forward(self, params, a):
+        return a[(slice(None), slice(None), *self.index)]
