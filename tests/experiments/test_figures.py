@@ -147,8 +147,11 @@ def test_committed_porter_figure_draws_the_seeds_band(figures, tmp_path) -> None
     dp = figures[0]
     acc_ax = dp.axes[2]
     bands = [c for c in acc_ax.collections if isinstance(c, PolyCollection)]
-    labels = [k for k in summary["curves"] if k.startswith(("PORTER-DP", "SoteriaFL"))]
-    assert len(bands) == len(acc_ax.get_lines()) == len(labels)
+    labels = [line.get_label().replace("NOMINAL eps=", "eps=") for line in acc_ax.get_lines()]
+    assert sorted(labels) == sorted(
+        k for k in summary["curves"] if k.startswith(("PORTER-DP", "SoteriaFL"))
+    )
+    assert len(bands) == len(labels)
     for band, label in zip(bands, labels, strict=True):
         top = band.get_paths()[0].vertices[:, 1].max()
         mean = summary["curves"][label]["accuracy"]
@@ -168,3 +171,54 @@ def test_ksweep_curves_draw_a_band_where_there_are_seeds(figures, tmp_path) -> N
     loss_ax, acc_ax = fig.axes
     assert len(loss_ax.collections) == len(acc_ax.collections) == 1
     assert "mean +- std over 3 seeds" in fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize("folder", ["porter-a9a", "porter-mnist"])
+def test_porter_legend_is_under_the_panels_off_every_curve(figures, tmp_path, folder) -> None:
+    """One legend for the three panels, in a strip below them: inside the accuracy panel it
+    covered the curves (porter-mnist, eps = 0.1). Every curve keeps its label in it."""
+    (tmp_path / "p").mkdir()
+    shutil.copy(RESULTS / folder / "summary.json", tmp_path / "p")
+    porter.replot(tmp_path / "p")
+    for fig in figures:
+        fig.canvas.draw()
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        (legend,) = fig.legends
+        box = legend.get_window_extent()
+        lowest = min(ax.get_tightbbox().y0 for ax in fig.axes)  # tick labels and axis titles
+        assert box.y1 <= lowest and box.y0 >= 0  # under every panel, inside the figure
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1
+        names = [t.get_text() for t in legend.get_texts()]
+        assert names == [line.get_label() for line in fig.axes[2].get_lines()]
+
+
+def test_decor_fig1a_figures_draw_the_std_of_both_gaps(figures, tmp_path) -> None:
+    """Both Fig 1a figures, redrawn from the committed four-seed summary: every point carries
+    error bars of +- 1 std over the seeds, the code's gap and the training-loss gap alike."""
+    summary = json.loads((RESULTS / "decor-fig1a" / "summary.json").read_text())
+    results = {
+        f"{r['algorithm']}/{r['topology']}/{r['variant']}/{r['epsilon']}": r
+        for r in summary["results"]
+    }
+    epsilons = sorted({r["epsilon"] for r in summary["results"]})
+    topologies = ["complete", "torus", "ring"]
+    decor.fig1a_figures(tmp_path, results, epsilons=epsilons, topologies=topologies)
+    assert [fig.axes[0].get_ylabel() for fig in figures] == [
+        "optimality gap (code's metric)",
+        "L(xbar) - L*",
+    ]
+    for fig, metric in zip(figures, ("gap", "loss_gap"), strict=True):
+        ax = fig.axes[0]
+        bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+        assert [b.get_label() for b in bars] == [
+            "CDP complete", "DECOR complete", "DECOR torus", "DECOR ring",
+            "LDP complete", "LDP torus", "LDP ring",
+        ]  # fmt: skip
+        for bar in bars:
+            alg, topo = bar.get_label().split()
+            (segments,) = bar.lines[2]
+            for eps, seg in zip(epsilons, segments.get_segments(), strict=True):
+                r = results[f"{alg.lower()}/{topo}/ours/{eps}"]
+                low, high = seg[:, 1]
+                assert high - r[metric] == pytest.approx(r[metric + "_std"], rel=1e-9)
+                assert r[metric] - low == pytest.approx(r[metric + "_std"], rel=1e-9)
