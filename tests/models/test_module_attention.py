@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from per_sample_loop import clipped_mean_loop
 from torch import nn
 
 import privdl
@@ -102,21 +102,6 @@ class PaddedBlock(Block):
         return self.fc(h[:, -1, :])
 
 
-def _loop(module: nn.Module, params, x, y, threshold: float):
-    """Per node and sample: the module with that node's weights, one backward, clip, mean."""
-    out = {k: torch.zeros_like(v) for k, v in params.items()}
-    for i in range(x.shape[0]):
-        module.load_state_dict({k: v[i] for k, v in params.items()})
-        named = dict(module.named_parameters())
-        for s in range(x.shape[1]):
-            g = torch.autograd.grad(F.cross_entropy(module(x[i, s : s + 1]), y[i, s : s + 1]),
-                                    list(named.values()))  # fmt: skip
-            c = min(1.0, threshold / float(torch.sqrt(sum((gg**2).sum() for gg in g))))
-            for k, gg in zip(named, g, strict=True):
-                out[k][i] += c * gg / x.shape[1]
-    return out
-
-
 def _params(model, seed: int):
     gen = torch.Generator().manual_seed(seed)
     base = model.init(n_nodes=2, generator=gen, dtype=F64)
@@ -169,7 +154,7 @@ def test_transformers_convert_and_equal_the_module(make):
 
 
 @pytest.mark.parametrize("make", CASES)
-def test_transformer_clipped_gradients_equal_the_per_sample_loop(make):
+def test_transformer_clipped_gradients_equal_the_per_sampleclipped_mean_loop(make):
     torch.manual_seed(0)
     module = make().double()
     model = from_module(module, in_shape=(T,))
@@ -178,7 +163,7 @@ def test_transformer_clipped_gradients_equal_the_per_sample_loop(make):
     x = _tokens(gen)
     x[0, 1] = 7  # one token repeated at every position
     y = torch.randint(0, 3, (2, 4), generator=gen)
-    want = _loop(make().double(), params, x, y, 0.05)
+    want = clipped_mean_loop(make().double(), params, x, y, 0.05)
     got = node_gradients(model, params, x, y, loss="cross_entropy",
                          clip=ClipSpec("per_sample", 0.05), method="ghost")  # fmt: skip
     assert set(got.grads) == set(want)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from per_sample_loop import clipped_mean_loop
 from torch import nn
 
 import privdl
@@ -74,21 +75,6 @@ class LogSumExpText(MeanText):  # logsumexp over the tokens is no layer of privd
         return self.fc(torch.logsumexp(self.emb(x), 1))
 
 
-def _loop(module: nn.Module, params, x, y, threshold: float):
-    """Per node and sample: the module with that node's weights, one backward, clip, mean."""
-    out = {k: torch.zeros_like(v) for k, v in params.items()}
-    for i in range(x.shape[0]):
-        module.load_state_dict({k: v[i] for k, v in params.items()})
-        named = dict(module.named_parameters())
-        for s in range(x.shape[1]):
-            g = torch.autograd.grad(F.cross_entropy(module(x[i, s : s + 1]), y[i, s : s + 1]),
-                                    list(named.values()))  # fmt: skip
-            c = min(1.0, threshold / float(torch.sqrt(sum((gg**2).sum() for gg in g))))
-            for k, gg in zip(named, g, strict=True):
-                out[k][i] += c * gg / x.shape[1]
-    return out
-
-
 @pytest.mark.parametrize(
     ("cls", "kind"),
     [
@@ -101,7 +87,7 @@ def _loop(module: nn.Module, params, x, y, threshold: float):
         (LogSumExpText, ModuleModel),
     ],
 )
-def test_text_modules_equal_the_per_sample_loop(cls, kind):
+def test_text_modules_equal_the_per_sampleclipped_mean_loop(cls, kind):
     torch.manual_seed(0)
     module = cls().double()
     model = from_module(module, in_shape=(7,))
@@ -115,7 +101,7 @@ def test_text_modules_equal_the_per_sample_loop(cls, kind):
     x[0, 0] = 0  # the padding row, repeated
     x[1, 1, :3] = 5
     y = torch.randint(0, module.fc.out_features, (2, 4), generator=gen)
-    want = _loop(cls().double(), params, x, y, 0.3)
+    want = clipped_mean_loop(cls().double(), params, x, y, 0.3)
     got = node_gradients(model, params, x, y, loss="cross_entropy",
                          clip=ClipSpec("per_sample", 0.3))  # fmt: skip
     for k in want:
@@ -254,7 +240,7 @@ class WideTextCNN(TextCNN):  # a wide kernel over 7 tokens: two positions, the G
 
 
 @pytest.mark.parametrize("cls", [TextCNN, WideTextCNN])
-def test_a_text_cnn_takes_the_ghost_path_and_equals_the_per_sample_loop(cls):
+def test_a_text_cnn_takes_the_ghost_path_and_equals_the_per_sampleclipped_mean_loop(cls):
     from privdl.engine.ghost import _direct_is_cheaper
 
     torch.manual_seed(0)
@@ -271,7 +257,7 @@ def test_a_text_cnn_takes_the_ghost_path_and_equals_the_per_sample_loop(cls):
     x = torch.randint(0, 30, (2, 4, 7), generator=gen)
     x[0, 1, 4:] = 0
     y = torch.randint(0, 3, (2, 4), generator=gen)
-    want = _loop(cls().double(), params, x, y, 0.3)
+    want = clipped_mean_loop(cls().double(), params, x, y, 0.3)
     got = {}
     for method in ("ghost", "vmap"):
         got[method] = node_gradients(model, params, x, y, loss="cross_entropy",

@@ -1,0 +1,22 @@
+"""The oracle of the module tests: per-sample clipping by a loop over nodes and samples."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def clipped_mean_loop(module: nn.Module, params, x, y, threshold: float):
+    """Per node and sample: the module with that node's weights, one backward, clip, mean."""
+    out = {k: torch.zeros_like(v) for k, v in params.items()}
+    for i in range(x.shape[0]):
+        module.load_state_dict({k: v[i] for k, v in params.items()})
+        named = dict(module.named_parameters())
+        for s in range(x.shape[1]):
+            g = torch.autograd.grad(F.cross_entropy(module(x[i, s : s + 1]), y[i, s : s + 1]),
+                                    list(named.values()))  # fmt: skip
+            c = min(1.0, threshold / float(torch.sqrt(sum((gg**2).sum() for gg in g))))
+            for k, gg in zip(named, g, strict=True):
+                out[k][i] += c * gg / x.shape[1]
+    return out
