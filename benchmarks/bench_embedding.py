@@ -21,13 +21,14 @@ The figures are ``private_over_plain``, ``clipped_over_plain``, ``step_over_plai
 ``vmap_over_private`` and ``opacus_over_private``. DP-SGD's noise covers every row of the table (``V D`` normals a step,
 as dense as the plain step's gradient and update), so at large ``V`` it dominates the price.
 
-``--net transformer`` is one pre-norm transformer block (self-attention by
+``--net lstm`` is ``nn.LSTM(D, D)`` over the tokens, the last step classified (Opacus: its
+``DPLSTM``, the same parameters). ``--net transformer`` is one pre-norm transformer block (self-attention by
 ``nn.MultiheadAttention``, a GELU feed-forward); it has no Opacus column (see ``_opacus_step``).
 ``--net tokenwise`` puts ``nn.LayerNorm(D)`` and ``nn.Linear(D, D)`` at every token before the
 mean (their per-sample norms by positions, docs/engine.md); ``--net cnn`` is a text CNN
 (``nn.Conv1d(D, D, 3)`` over the tokens, ReLU, the max over time).
 
-    python benchmarks/bench_embedding.py --iters 20 [--net tokenwise|cnn|transformer] [--threads 1] [--json-out out.json]
+    python benchmarks/bench_embedding.py --iters 20 [--net tokenwise|cnn|transformer|lstm] [--threads 1] [--json-out out.json]
 """
 
 from __future__ import annotations
@@ -104,7 +105,29 @@ class Transformer(BagOfEmbeddings):
         return self.fc(h.mean(1))
 
 
-NETS = {"bag": BagOfEmbeddings, "tokenwise": Tokenwise, "cnn": TextCNN, "transformer": Transformer}
+class LSTMNet(BagOfEmbeddings):
+    """``--net lstm``: ``nn.LSTM(D, D, batch_first=True)`` over the tokens, the last step's
+    hidden state to the classes."""
+
+    def __init__(self, vocabulary: int) -> None:
+        super().__init__(vocabulary)
+        self.rnn = nn.LSTM(DIM, DIM, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.emb(x))
+        return self.fc(out[:, -1])
+
+
+NETS = {
+    "bag": BagOfEmbeddings, "tokenwise": Tokenwise, "cnn": TextCNN, "transformer": Transformer,
+    "lstm": LSTMNet,
+}  # fmt: skip
+
+
+#: nn.LSTM's parameter names as Opacus's DPLSTM's parent module lists them (one layer)
+_DPLSTM_NAMES = {
+    f"rnn.{kind}_{m}_l0": f"rnn.l0.{m}.{kind}" for kind in ("weight", "bias") for m in ("ih", "hh")
+}
 
 
 def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
@@ -118,12 +141,19 @@ def _opacus_step(net: nn.Module, x, y, gen: torch.Generator):
         # compute nn.MultiheadAttention's function for the same weights (largest difference 0.68
         # on random inputs; sequence-first, the two agree to 2e-16): no like-for-like comparison
         return None, None
+    if isinstance(getattr(net, "rnn", None), nn.LSTM):  # Opacus's own LSTM, same parameters
+        from opacus.layers import DPLSTM
+
+        lstm = DPLSTM(DIM, DIM, batch_first=True)
+        lstm.load_state_dict(net.rnn.state_dict())
+        net.rnn = lstm
     wrapped = GradSampleModule(net, loss_reduction="sum")
     names = [k for k, p in net.named_parameters() if p.requires_grad]
     params = [p for p in wrapped.parameters() if p.requires_grad]
 
     def clipped_sum() -> dict[str, torch.Tensor]:
-        return dict(zip(names, clipped_list(), strict=True))
+        back = {v: k for k, v in _DPLSTM_NAMES.items()}
+        return {back.get(k, k): g for k, g in zip(names, clipped_list(), strict=True)}
 
     def clipped_list() -> list[torch.Tensor]:
         for p in params:

@@ -43,6 +43,7 @@ from privdl.models.base import (
     MaxPool2d,
     StackedModel,
 )
+from privdl.models.recurrent import Recurrent
 from privdl.models.sequence import (
     AddParameter,
     Conv1d,
@@ -55,7 +56,7 @@ from privdl.models.sequence import (
 
 _SAMPLEWISE = (
     Linear, Conv2d, Activation, MaxPool2d, AvgPool2d, Flatten, GroupNorm, LayerNorm, Embedding,
-    Reduce, Conv1d, Transpose, InProjection, SelfAttention, AddParameter, Index,
+    Reduce, Conv1d, Transpose, InProjection, SelfAttention, AddParameter, Index, Recurrent,
 )  # fmt: skip
 ConvMode = Literal["auto", "direct", "ghost"]
 
@@ -322,6 +323,11 @@ def ghost_clipped_sum(
             inp, z = xhat.detach(), layer.affine_map(lp, xhat)
         elif isinstance(layer, AddParameter) and lp:
             inp, z = a.detach(), layer.forward(lp, a)  # its gradient is the output gradient's
+        elif isinstance(layer, Recurrent):  # two token-wise Linear maps a layer, recorded
+            maps: list[Any] = []
+            out = layer.run(lp, a, record=maps)
+            records.extend((lname, m, mp, m_in, m_out) for m, mp, m_in, m_out in maps)
+            return out
         else:
             return layer.forward(lp, a)
         if not z.requires_grad:

@@ -1,0 +1,151 @@
+"""Recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) as privdl layers, for the ghost path.
+
+Every layer of a recurrent network applies two Linear maps at every time step: the input one,
+``W_ih x_t + b_ih``, and the recurrent one, ``W_hh h_{t-1} + b_hh``. A sample's gradient of each
+is a sum over its time steps, ``sum_t G_t a_t^T`` (``a_t`` the step's input, ``x_t`` or
+``h_{t-1}``; ``G_t`` the gradient of the loss at that map's output), which is the per-sample
+gradient of a Linear applied at ``T`` positions: the engine's positional rule forms its norm
+directly or as ``<G G^T, A A^T>`` and the clipped sum as one batched product
+(:mod:`privdl.engine.ghost`), as Opacus's ``DPLSTM`` does with per-sample gradients. The input
+map runs once over all steps; the recurrent one's outputs are read through a zero "probe" added
+at each step, whose gradient is ``G_t``. The gate equations are torch's (``nn.LSTM``, ``nn.GRU``,
+``nn.RNN`` documentation; Hochreiter and Schmidhuber 1997, Cho et al. 2014), with the gates in
+torch's order (i, f, g, o and r, z, n), the zero initial state and ``batch_first=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from privdl.errors import ConfigError
+from privdl.models.base import Layer, Linear, ParamShapes
+
+__all__ = ["Recurrent", "RecurrentProjection"]
+
+Mode = Literal["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
+_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+#: A recorded Linear map for the ghost path: (the map, its params, its inputs, its outputs).
+Record = tuple["RecurrentProjection", dict[str, Tensor], Tensor, Tensor]
+
+
+class RecurrentProjection(Linear):
+    """One of a recurrent layer's two Linear maps, named as torch names it (``weight_ih_l0``,
+    ``bias_hh_l1``, ...)."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, suffix: str) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.suffix = suffix  # "ih_l0", "hh_l0", ...
+
+    def local_key(self, key: str) -> str:
+        """``weight`` -> ``weight_ih_l0``: the name within the recurrent module."""
+        return f"{key}_{self.suffix}"
+
+    def param_key(self, name: str, key: str) -> str:
+        return f"{name}.{self.local_key(key)}"
+
+
+class Recurrent(Layer):
+    """A stack of ``num_layers`` recurrent layers over a sample's ``T`` steps: input
+    ``(n, B, T, input_size)``, output ``(n, B, T, hidden_size)`` (the last layer's hidden states,
+    ``output`` of ``nn.LSTM(..., batch_first=True)``)."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        input_size: int,
+        hidden_size: int,
+        *,
+        num_layers: int = 1,
+        bias: bool = True,
+    ) -> None:
+        if mode not in _GATES:
+            raise ConfigError(f"Recurrent: unknown mode {mode!r}")
+        self.mode, self.input_size, self.hidden_size = mode, input_size, hidden_size
+        self.num_layers, self.bias = num_layers, bias
+        width = _GATES[mode] * hidden_size
+        self.maps = [
+            (
+                RecurrentProjection(input_size if k == 0 else hidden_size, width, bias=bias,
+                                    suffix=f"ih_l{k}"),
+                RecurrentProjection(hidden_size, width, bias=bias, suffix=f"hh_l{k}"),
+            )
+            for k in range(num_layers)
+        ]  # fmt: skip
+
+    def param_shapes(self) -> ParamShapes:
+        return {
+            m.local_key(key): shape
+            for pair in self.maps
+            for m in pair
+            for key, shape in m.param_shapes().items()
+        }
+
+    def out_shape(self, in_shape):
+        if len(in_shape) != 2 or in_shape[1] != self.input_size:
+            raise ConfigError(
+                f"{self.mode}({self.input_size}, {self.hidden_size}) on samples of shape "
+                f"{tuple(in_shape)}: expected (steps, {self.input_size})"
+            )
+        return (in_shape[0], self.hidden_size)
+
+    def forward(self, params, a):
+        return self.run(params, a, record=None)
+
+    def run(self, params: dict[str, Tensor], a: Tensor, record: list[Record] | None) -> Tensor:
+        """The forward pass; with ``record``, every Linear map's input and output are appended
+        (the recurrent map's output as its probe) for the ghost path."""
+        x = a
+        for ih, hh in self.maps:
+            p_ih = {k: params[ih.local_key(k)] for k in ih.param_shapes()}
+            p_hh = {k: params[hh.local_key(k)] for k in hh.param_shapes()}
+            z_ih = ih.forward(p_ih, x)  # (n, B, T, G H): every step's input map at once
+            probe = None
+            if record is not None:
+                probe = z_ih.new_zeros(z_ih.shape, requires_grad=True)
+                if not z_ih.requires_grad:  # the first layer on the model's input
+                    z_ih.requires_grad_(True)
+            out, inputs = self._steps(z_ih, p_hh, probe)
+            if record is not None and probe is not None:
+                record.append((ih, p_ih, x.detach(), z_ih))
+                record.append((hh, p_hh, inputs.detach(), probe))
+            x = out
+        return x
+
+    def _steps(
+        self, z_ih: Tensor, p_hh: dict[str, Tensor], probe: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The recurrence over the steps: the hidden states ``(n, B, T, H)`` and the recurrent
+        map's inputs ``h_{t-1}`` (same shape)."""
+        n, b, steps, _ = z_ih.shape
+        h = z_ih.new_zeros((n, b, self.hidden_size))
+        c = h
+        w = p_hh["weight"].transpose(1, 2)  # (n, H, G H)
+        bias = p_hh.get("bias")
+        outs, prev = [], []
+        for t in range(steps):
+            prev.append(h)
+            z_hh = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
+            if probe is not None:
+                z_hh = z_hh + probe[:, :, t]
+            h, c = self._cell(z_ih[:, :, t], z_hh, h, c)
+            outs.append(h)
+        return torch.stack(outs, 2), torch.stack(prev, 2)
+
+    def _cell(self, zi: Tensor, zh: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        """One step of torch's cell equations from the two maps' outputs."""
+        if self.mode == "LSTM":
+            i, f, g, o = (zi + zh).chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            return torch.sigmoid(o) * torch.tanh(c), c
+        if self.mode == "GRU":
+            xr, xz, xn = zi.chunk(3, -1)
+            hr, hz, hn = zh.chunk(3, -1)
+            r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+            new = torch.tanh(xn + r * hn)
+            return (1 - z) * new + z * h, c
+        act = torch.tanh if self.mode == "RNN_TANH" else torch.relu
+        return act(zi + zh), c
