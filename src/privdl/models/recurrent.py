@@ -119,33 +119,43 @@ class Recurrent(Layer):
         self, z_ih: Tensor, p_hh: dict[str, Tensor], probe: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """The recurrence over the steps: the hidden states ``(n, B, T, H)`` and the recurrent
-        map's inputs ``h_{t-1}`` (same shape)."""
+        map's inputs ``h_{t-1}`` (same shape). What does not depend on ``h`` is summed for all
+        steps first, so that a step is one batched product and the cell's few elementwise
+        operations."""
         n, b, steps, _ = z_ih.shape
-        h = z_ih.new_zeros((n, b, self.hidden_size))
+        size = self.hidden_size
+        h = z_ih.new_zeros((n, b, size))
         c = h
         w = p_hh["weight"].transpose(1, 2)  # (n, H, G H)
         bias = p_hh.get("bias")
+        # the recurrent map's own terms: its bias and the probe (zero; read for its gradient)
+        own = None if bias is None else bias[:, None, None, :].expand(z_ih.shape)
+        if probe is not None:
+            own = probe if own is None else own + probe
+        # LSTM and RNN add the two maps' outputs whole; GRU's new gate needs W_hn h + b_hn apart
+        base = z_ih if own is None or self.mode == "GRU" else z_ih + own
         outs, prev = [], []
         for t in range(steps):
             prev.append(h)
-            z_hh = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
-            if probe is not None:
-                z_hh = z_hh + probe[:, :, t]
-            h, c = self._cell(z_ih[:, :, t], z_hh, h, c)
+            if self.mode == "GRU":
+                z_hh = torch.bmm(h, w) if own is None else torch.baddbmm(own[:, :, t], h, w)
+                h = self._gru(base[:, :, t], z_hh, h)
+            else:
+                z = torch.baddbmm(base[:, :, t], h, w)
+                if self.mode == "LSTM":
+                    gates = torch.sigmoid(z)  # i, f, o (the g slice is recomputed as tanh)
+                    g = torch.tanh(z[..., 2 * size : 3 * size])
+                    c = torch.addcmul(gates[..., size : 2 * size] * c, gates[..., :size], g)
+                    h = gates[..., 3 * size :] * torch.tanh(c)
+                else:
+                    h = torch.tanh(z) if self.mode == "RNN_TANH" else torch.relu(z)
             outs.append(h)
         return torch.stack(outs, 2), torch.stack(prev, 2)
 
-    def _cell(self, zi: Tensor, zh: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-        """One step of torch's cell equations from the two maps' outputs."""
-        if self.mode == "LSTM":
-            i, f, g, o = (zi + zh).chunk(4, -1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            return torch.sigmoid(o) * torch.tanh(c), c
-        if self.mode == "GRU":
-            xr, xz, xn = zi.chunk(3, -1)
-            hr, hz, hn = zh.chunk(3, -1)
-            r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-            new = torch.tanh(xn + r * hn)
-            return (1 - z) * new + z * h, c
-        act = torch.tanh if self.mode == "RNN_TANH" else torch.relu
-        return act(zi + zh), c
+    def _gru(self, zi: Tensor, zh: Tensor, h: Tensor) -> Tensor:
+        """One GRU step: ``r, z = sigmoid(x_rz + h_rz)``, ``m = tanh(x_n + r * h_n)``,
+        ``h' = (1 - z) m + z h``."""
+        size = self.hidden_size
+        rz = torch.sigmoid(zi[..., : 2 * size] + zh[..., : 2 * size])
+        new = torch.tanh(torch.addcmul(zi[..., 2 * size :], rz[..., :size], zh[..., 2 * size :]))
+        return torch.addcmul(new, rz[..., size:], h - new)
