@@ -36,6 +36,12 @@ class Tagger(nn.Module):
         return self.fc(out[:, -1])
 
 
+class Bidirectional(Tagger):
+    def __init__(self, cls=nn.LSTM, num_layers: int = 2) -> None:
+        super().__init__(cls, bidirectional=True, num_layers=num_layers)
+        self.fc = nn.Linear(2 * H, 3)
+
+
 class MeanOverSteps(Tagger):
     def forward(self, x):
         return self.fc(self.rnn(self.emb(x))[0].mean(1))
@@ -48,6 +54,8 @@ CASES = [
     pytest.param(lambda: Tagger(nn.GRU, bias=False, num_layers=2), id="gru-no-bias"),
     pytest.param(lambda: Tagger(nn.RNN), id="rnn-tanh"),
     pytest.param(lambda: MeanOverSteps(nn.RNN, nonlinearity="relu"), id="rnn-relu-mean"),
+    pytest.param(lambda: Bidirectional(), id="lstm-bidirectional-two-layers"),
+    pytest.param(lambda: Bidirectional(nn.GRU, num_layers=1), id="gru-bidirectional"),
 ]
 
 
@@ -124,10 +132,10 @@ def test_a_float_sequence_model_starts_with_the_recurrent_layer():
         torch.testing.assert_close(got.grads[k], want[k], rtol=1e-9, atol=1e-12, msg=k)
 
 
-class Bidirectional(Tagger):
-    def __init__(self) -> None:
-        super().__init__(bidirectional=True)
-        self.fc = nn.Linear(2 * H, 3)
+class InitialState(Tagger):
+    def forward(self, x):
+        h0 = torch.zeros(1, x.shape[0], H, dtype=self.fc.weight.dtype)
+        return self.fc(self.rnn(self.emb(x), (h0, h0))[0][:, -1])
 
 
 class FinalState(Tagger):
@@ -140,7 +148,7 @@ class FinalState(Tagger):
     ("make", "message"),
     [
         (lambda: Tagger(dropout=0.2, num_layers=2), r"LSTM \(rnn\): dropout=0.2 between its"),
-        (lambda: Bidirectional(), r"LSTM \(rnn\): privdl clips recurrent layers called as"),
+        (lambda: InitialState(), r"LSTM \(rnn\): privdl clips recurrent layers called as"),
         (lambda: FinalState(), r"LSTM \(rnn\): privdl clips recurrent layers called as"),
         (lambda: _seq_first(), r"GRU \(rnn\): privdl clips recurrent layers"),
     ],

@@ -18,7 +18,7 @@ over a sample's dimensions, ``nn.GELU``, and self-attention (``nn.MultiheadAtten
 no dropout, unmasked or with the key padding mask ``x == pad`` of the input tokens;
 :mod:`privdl.models.attention`), a parameter or buffer added once to the features
 (``x + self.pos``: :class:`~privdl.models.sequence.AddParameter`), ``h[:, i]``, and
-``nn.LSTM``/``nn.GRU``/``nn.RNN`` called as ``out, _ = rnn(x)`` (``batch_first``, one direction:
+``nn.LSTM``/``nn.GRU``/``nn.RNN`` called as ``out, _ = rnn(x)`` (``batch_first``, either direction:
 :mod:`privdl.models.recurrent`; other recurrent forms are refused, as ``vmap`` cannot run them),
 becomes a
 :class:`SequentialModuleModel` of privdl's own layers with the same parameter names, whose
@@ -457,16 +457,17 @@ class _Steps:
 
     def recurrent(self, name: str, m: nn.RNNBase, node: Any, index: dict[Any, int]) -> int:
         """``nn.LSTM``/``nn.GRU``/``nn.RNN`` on one input (zero initial state), ``batch_first``,
-        one direction, no dropout between layers, no projection: a :class:`Recurrent` step."""
+        no dropout between layers, no projection: a :class:`Recurrent` step."""
         if len(node.args) != 1 or node.kwargs:
             raise ValueError("recurrent inputs")  # an initial state
-        if not m.batch_first or m.bidirectional or m.proj_size or m.dropout:
+        if not m.batch_first or m.proj_size or m.dropout:
             raise ValueError("recurrent options")
         if m.mode not in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
             raise ValueError("recurrent mode")
         layer = Recurrent(
-            cast(Any, m.mode), m.input_size, m.hidden_size, num_layers=m.num_layers, bias=m.bias
-        )
+            cast(Any, m.mode), m.input_size, m.hidden_size, num_layers=m.num_layers, bias=m.bias,
+            bidirectional=m.bidirectional,
+        )  # fmt: skip
         return self.push(name, layer, (index[node.args[0]],))
 
     def transformer(
@@ -801,8 +802,8 @@ def from_module(
         if isinstance(sub, nn.RNNBase):  # torch.func has no batching rule for its kernels
             raise ConfigError(
                 f"{type(sub).__name__} ({sub_name}): privdl clips recurrent layers called as "
-                "out, _ = rnn(x) or rnn(x)[0] with batch_first=True, one direction, no initial "
-                "state, no dropout and no proj_size, in a forward that torch.fx traces"
+                "out, _ = rnn(x) or rnn(x)[0] with batch_first=True, no initial state, no dropout "
+                "and no proj_size, in a forward that torch.fx traces"
             )
     return source
 

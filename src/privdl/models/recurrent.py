@@ -50,8 +50,10 @@ class RecurrentProjection(Linear):
 
 class Recurrent(Layer):
     """A stack of ``num_layers`` recurrent layers over a sample's ``T`` steps: input
-    ``(n, B, T, input_size)``, output ``(n, B, T, hidden_size)`` (the last layer's hidden states,
-    ``output`` of ``nn.LSTM(..., batch_first=True)``)."""
+    ``(n, B, T, input_size)``, output ``(n, B, T, D hidden_size)`` (the last layer's hidden states,
+    ``output`` of ``nn.LSTM(..., batch_first=True)``; ``D = 2`` when ``bidirectional``: the
+    forward and the reverse direction's states side by side, the reverse one run over the
+    reversed steps)."""
 
     def __init__(
         self,
@@ -61,25 +63,30 @@ class Recurrent(Layer):
         *,
         num_layers: int = 1,
         bias: bool = True,
+        bidirectional: bool = False,
     ) -> None:
         if mode not in _GATES:
             raise ConfigError(f"Recurrent: unknown mode {mode!r}")
         self.mode, self.input_size, self.hidden_size = mode, input_size, hidden_size
-        self.num_layers, self.bias = num_layers, bias
-        width = _GATES[mode] * hidden_size
+        self.num_layers, self.bias, self.bidirectional = num_layers, bias, bidirectional
+        width, directions = _GATES[mode] * hidden_size, 2 if bidirectional else 1
         self.maps = [
-            (
-                RecurrentProjection(input_size if k == 0 else hidden_size, width, bias=bias,
-                                    suffix=f"ih_l{k}"),
-                RecurrentProjection(hidden_size, width, bias=bias, suffix=f"hh_l{k}"),
-            )
+            [
+                (
+                    RecurrentProjection(input_size if k == 0 else directions * hidden_size,
+                                        width, bias=bias, suffix=f"ih_l{k}{tail}"),
+                    RecurrentProjection(hidden_size, width, bias=bias, suffix=f"hh_l{k}{tail}"),
+                )
+                for tail in ("", "_reverse")[:directions]
+            ]
             for k in range(num_layers)
         ]  # fmt: skip
 
     def param_shapes(self) -> ParamShapes:
         return {
             m.local_key(key): shape
-            for pair in self.maps
+            for layer in self.maps
+            for pair in layer
             for m in pair
             for key, shape in m.param_shapes().items()
         }
@@ -90,7 +97,7 @@ class Recurrent(Layer):
                 f"{self.mode}({self.input_size}, {self.hidden_size}) on samples of shape "
                 f"{tuple(in_shape)}: expected (steps, {self.input_size})"
             )
-        return (in_shape[0], self.hidden_size)
+        return (in_shape[0], len(self.maps[0]) * self.hidden_size)
 
     def forward(self, params, a):
         return self.run(params, a, record=None)
@@ -99,20 +106,26 @@ class Recurrent(Layer):
         """The forward pass; with ``record``, every Linear map's input and output are appended
         (the recurrent map's output as its probe) for the ghost path."""
         x = a
-        for ih, hh in self.maps:
-            p_ih = {k: params[ih.local_key(k)] for k in ih.param_shapes()}
-            p_hh = {k: params[hh.local_key(k)] for k in hh.param_shapes()}
-            z_ih = ih.forward(p_ih, x)  # (n, B, T, G H): every step's input map at once
-            probe = None
-            if record is not None:
-                probe = z_ih.new_zeros(z_ih.shape, requires_grad=True)
-                if not z_ih.requires_grad:  # the first layer on the model's input
-                    z_ih.requires_grad_(True)
-            out, inputs = self._steps(z_ih, p_hh, probe)
-            if record is not None and probe is not None:
-                record.append((ih, p_ih, x.detach(), z_ih))
-                record.append((hh, p_hh, inputs.detach(), probe))
-            x = out
+        for layer in self.maps:
+            outs = []
+            for direction, (ih, hh) in enumerate(layer):
+                p_ih = {k: params[ih.local_key(k)] for k in ih.param_shapes()}
+                p_hh = {k: params[hh.local_key(k)] for k in hh.param_shapes()}
+                z_ih = ih.forward(p_ih, x)  # (n, B, T, G H): every step's input map at once
+                probe = None
+                if record is not None:
+                    probe = z_ih.new_zeros(z_ih.shape, requires_grad=True)
+                    if not z_ih.requires_grad:  # the first layer on the model's input
+                        z_ih.requires_grad_(True)
+                    record.append((ih, p_ih, x.detach(), z_ih))
+                # the reverse direction: the same recurrence over the reversed steps (its probe
+                # and inputs in that order too: the per-sample sums over steps do not mind)
+                steps_in = z_ih.flip(2) if direction else z_ih
+                out, inputs = self._steps(steps_in, p_hh, probe)
+                if record is not None and probe is not None:
+                    record.append((hh, p_hh, inputs.detach(), probe))
+                outs.append(out.flip(2) if direction else out)
+            x = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
         return x
 
     def _steps(
