@@ -176,3 +176,21 @@ def test_an_lstm_trains_privately_end_to_end(tmp_path):
                           out=tmp_path / "run", progress=False)  # fmt: skip
     assert result.privacy["epsilon"] <= 8.0
     assert result.metrics[-1]["accuracy"] > 0.9  # chance is 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("make", CASES)
+def test_cuda_recurrent_models_equal_the_cpu_clipped_gradients(make):
+    torch.manual_seed(0)
+    model = from_module(make().double(), in_shape=(T,))
+    params = _params(model, 7)
+    gen = torch.Generator().manual_seed(8)
+    x, y = torch.randint(0, V, (2, 4, T), generator=gen), torch.randint(0, 3, (2, 4), generator=gen)
+    clip = ClipSpec("per_sample", 0.05)
+    cpu = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    on = {k: v.cuda() for k, v in params.items()}
+    gpu = node_gradients(model, on, x.cuda(), y.cuda(), loss="cross_entropy", clip=clip,
+                         method="ghost")  # fmt: skip
+    for k in cpu.grads:
+        torch.testing.assert_close(gpu.grads[k].cpu(), cpu.grads[k], rtol=1e-9, atol=1e-12)
