@@ -56,6 +56,8 @@ CASES = [
     pytest.param(lambda: MeanOverSteps(nn.RNN, nonlinearity="relu"), id="rnn-relu-mean"),
     pytest.param(lambda: Bidirectional(), id="lstm-bidirectional-two-layers"),
     pytest.param(lambda: Bidirectional(nn.GRU, num_layers=1), id="gru-bidirectional"),
+    pytest.param(lambda: FinalState(num_layers=2), id="lstm-final-state"),
+    pytest.param(lambda: GruFinalState(nn.GRU), id="gru-final-state-squeezed"),
 ]
 
 
@@ -138,10 +140,22 @@ class InitialState(Tagger):
         return self.fc(self.rnn(self.emb(x), (h0, h0))[0][:, -1])
 
 
-class FinalState(Tagger):
+class FinalState(Tagger):  # h_n[-1]: the last layer's state after the last step
     def forward(self, x):
         _, (h, _) = self.rnn(self.emb(x))
         return self.fc(h[-1])
+
+
+class GruFinalState(Tagger):
+    def forward(self, x):
+        _, h = self.rnn(self.emb(x))
+        return self.fc(h.squeeze(0))
+
+
+class BidirectionalFinalState(Bidirectional):
+    def forward(self, x):
+        _, (h, _) = self.rnn(self.emb(x))
+        return self.fc(torch.cat([h[-2], h[-1]], -1))
 
 
 @pytest.mark.parametrize(
@@ -149,7 +163,7 @@ class FinalState(Tagger):
     [
         (lambda: Tagger(dropout=0.2, num_layers=2), r"LSTM \(rnn\): dropout=0.2 between its"),
         (lambda: InitialState(), r"LSTM \(rnn\): privdl clips recurrent layers called as"),
-        (lambda: FinalState(), r"LSTM \(rnn\): privdl clips recurrent layers called as"),
+        (lambda: BidirectionalFinalState(), r"LSTM \(rnn\): privdl clips recurrent layers"),
         (lambda: _seq_first(), r"GRU \(rnn\): privdl clips recurrent layers"),
     ],
 )

@@ -520,7 +520,10 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
     steps = built.steps
     index: dict[Any, int] = {}
     used: set[str] = set()
-    tuples: set[Any] = set()  # nn.MultiheadAttention's calls: (output, weights)
+    tuples: set[Any] = set()  # calls returning (output, weights or final state)
+    recurrent: dict[Any, tuple[int, nn.RNNBase]] = {}  # RNN calls: their step, their module
+    states: dict[Any, tuple[int, nn.RNNBase]] = {}  # an LSTM's (h_n, c_n)
+    finals: dict[Any, tuple[int, nn.RNNBase]] = {}  # h_n (layers x directions, B, H)
     attrs: dict[Any, str] = {}  # get_attr nodes: the module's parameters and buffers read
     masks: dict[Any, int] = {}  # x == pad of the input tokens: attention's key padding masks
     for node in graph.nodes:
@@ -552,16 +555,28 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
         ):
             index[node] = _added_attribute(module, node, index, attrs, used, built)
             continue
-        if not node.args or node.args[0] not in index:
-            raise ValueError("input")
-        if node.args and node.args[0] in tuples:  # (output, state or weights): output only
+        if node.args and node.args[0] in tuples:  # (output, state or weights)
             if node.target is not operator.getitem:
                 raise ValueError("tuple output")
             if tuple(node.args[1:]) == (0,):
                 index[node] = index[node.args[0]]
-            elif node.users:  # the attention weights or the final state, used
-                raise ValueError("attention weights or recurrent state")
+            elif tuple(node.args[1:]) == (1,) and node.args[0] in recurrent:
+                step, rnn = recurrent[node.args[0]]  # LSTM: (h_n, c_n); GRU, RNN: h_n
+                (states if isinstance(rnn, nn.LSTM) else finals)[node] = (step, rnn)
+            elif node.users:  # the attention weights, used
+                raise ValueError("attention weights")
             continue
+        if node.args and node.args[0] in states:  # (h_n, c_n)[0] is h_n
+            if node.target is operator.getitem and tuple(node.args[1:]) == (0,):
+                finals[node] = states[node.args[0]]
+            elif node.users:
+                raise ValueError("recurrent cell state")
+            continue
+        if node.args and node.args[0] in finals:
+            index[node] = _last_layer_state(node, finals[node.args[0]], built)
+            continue
+        if not node.args or node.args[0] not in index:
+            raise ValueError("input")
         if not node.users:  # a dead branch: its layers would get no gradient at all
             raise ValueError("unused step")
         in_place = node.target in (operator.iadd, "add_") or (
@@ -583,6 +598,7 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
                 used.add(node.target)
                 index[node] = built.recurrent(node.target, sub, node, index)
                 tuples.add(node)
+                recurrent[node] = (index[node], sub)
                 continue
             if isinstance(sub, _TRANSFORMERS):  # expanded into privdl's steps
                 if node.target in used:
@@ -631,6 +647,20 @@ def _traced_steps(module: nn.Module) -> list[TracedStep]:
     else:
         raise ValueError("no output")
     return steps
+
+
+def _last_layer_state(node: Any, source: tuple[int, nn.RNNBase], built: _Steps) -> int:
+    """``h_n[-1]`` (or ``h_n[L - 1]``, or ``h_n.squeeze(0)`` for one layer) of a one-direction
+    recurrent module: its last layer's state after the last step, the output's last step (an
+    :class:`Index` step); ``ValueError`` for any other use of ``h_n``."""
+    step, rnn = source
+    key = node.args[1] if len(node.args) == 2 else None
+    last = (node.target is operator.getitem and key in (-1, rnn.num_layers - 1)) or (
+        node.target in ("squeeze", torch.squeeze) and rnn.num_layers == 1 and key in (0, None)
+    )
+    if rnn.bidirectional or not last or node.kwargs:
+        raise ValueError("recurrent final state")
+    return built.push(f"last_step{len(built.steps)}", Index((-1,)), (step,))
 
 
 def _is_padding_mask(node: Any, index: dict[Any, int]) -> bool:
@@ -802,8 +832,9 @@ def from_module(
         if isinstance(sub, nn.RNNBase):  # torch.func has no batching rule for its kernels
             raise ConfigError(
                 f"{type(sub).__name__} ({sub_name}): privdl clips recurrent layers called as "
-                "out, _ = rnn(x) or rnn(x)[0] with batch_first=True, no initial state, no dropout "
-                "and no proj_size, in a forward that torch.fx traces"
+                "out, _ = rnn(x) or rnn(x)[0] (or reading h_n[-1], one direction) with "
+                "batch_first=True, no initial state, no dropout and no proj_size, in a forward "
+                "that torch.fx traces"
             )
     return source
 
