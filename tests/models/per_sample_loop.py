@@ -20,3 +20,16 @@ def clipped_mean_loop(module: nn.Module, params, x, y, threshold: float):
             for k, gg in zip(named, g, strict=True):
                 out[k][i] += c * gg / x.shape[1]
     return out
+
+
+def assert_cuda_matches_cpu(model, params, x, y, threshold: float) -> None:
+    """The ghost path's clipped gradients on the CUDA device equal the CPU's (float64)."""
+    from privdl.engine import ClipSpec, node_gradients
+
+    clip = ClipSpec("per_sample", threshold)
+    cpu = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
+    on = {k: v.cuda() for k, v in params.items()}
+    gpu = node_gradients(model, on, x.cuda(), y.cuda(), loss="cross_entropy", clip=clip,
+                         method="ghost")  # fmt: skip
+    for k in cpu.grads:
+        torch.testing.assert_close(gpu.grads[k].cpu(), cpu.grads[k], rtol=1e-9, atol=1e-12)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from per_sample_loop import clipped_mean_loop
+from per_sample_loop import assert_cuda_matches_cpu, clipped_mean_loop
 from torch import nn
 
 import privdl
@@ -290,10 +290,4 @@ def test_cuda_transformers_equal_the_cpu_clipped_gradients(make):
     params = _params(model, 7)
     gen = torch.Generator().manual_seed(8)
     x, y = _tokens(gen), torch.randint(0, 3, (2, 4), generator=gen)
-    clip = ClipSpec("per_sample", 0.05)
-    cpu = node_gradients(model, params, x, y, loss="cross_entropy", clip=clip, method="ghost")
-    on = {k: v.cuda() for k, v in params.items()}
-    gpu = node_gradients(model, on, x.cuda(), y.cuda(), loss="cross_entropy", clip=clip,
-                         method="ghost")  # fmt: skip
-    for k in cpu.grads:
-        torch.testing.assert_close(gpu.grads[k].cpu(), cpu.grads[k], rtol=1e-9, atol=1e-12)
+    assert_cuda_matches_cpu(model, params, x, y, 0.05)
