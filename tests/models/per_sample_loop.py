@@ -33,3 +33,22 @@ def assert_cuda_matches_cpu(model, params, x, y, threshold: float) -> None:
                          method="ghost")  # fmt: skip
     for k in cpu.grads:
         torch.testing.assert_close(gpu.grads[k].cpu(), cpu.grads[k], rtol=1e-9, atol=1e-12)
+
+
+def marked_tokens(n: int, vocabulary: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences of 8 random tokens in ``2 .. vocabulary - 1`` whose class (0 or 1) is
+    the token at ``position`` (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(2, vocabulary, (n, 8), generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x[:, position] = y
+    return x, y
+
+
+def train_dpsgd(model: nn.Module, x, y, *, lr: float, out):
+    """``privdl.train`` by DP-SGD at epsilon 8 (delta 1e-5), 150 steps of batch 32."""
+    import privdl
+
+    return privdl.train(algorithm="dpsgd", model=model, data=(x, y), clip=1.0, epsilon=8.0,
+                        delta=1e-5, steps=150, eval_every=150, batch_size=32, lr=lr, out=out,
+                        progress=False)  # fmt: skip

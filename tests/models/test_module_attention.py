@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from per_sample_loop import assert_cuda_matches_cpu, clipped_mean_loop
+from per_sample_loop import (
+    assert_cuda_matches_cpu,
+    clipped_mean_loop,
+    marked_tokens,
+    train_dpsgd,
+)
 from torch import nn
 
-import privdl
 from privdl.engine import ClipSpec, node_gradients
 from privdl.engine.ghost import supports_ghost
 from privdl.errors import ConfigError
@@ -257,10 +261,7 @@ def test_dropout_zero_is_the_identity_and_other_dropout_is_refused():
 
 
 def test_a_transformer_trains_privately_end_to_end(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(2, V, (800, 8), generator=g)
-    y = torch.randint(0, 2, (800,), generator=g)
-    x[:, 3] = y  # the class is token 0 or 1 at position 3
+    x, y = marked_tokens(800, V, position=3)
     torch.manual_seed(0)
 
     class Net(nn.Module):
@@ -274,9 +275,7 @@ def test_a_transformer_trains_privately_end_to_end(tmp_path):
         def forward(self, x):
             return self.fc(self.enc(self.emb(x)).amax(1))
 
-    result = privdl.train(algorithm="dpsgd", model=Net(), data=(x, y), clip=1.0, epsilon=8.0,
-                          delta=1e-5, steps=150, eval_every=150, batch_size=32, lr=0.5,
-                          out=tmp_path / "run", progress=False)  # fmt: skip
+    result = train_dpsgd(Net(), x, y, lr=0.5, out=tmp_path / "run")
     assert result.privacy["epsilon"] <= 8.0
     assert result.metrics[-1]["accuracy"] > 0.9  # chance is 0.5
 

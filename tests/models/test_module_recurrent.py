@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from per_sample_loop import assert_cuda_matches_cpu, clipped_mean_loop
+from per_sample_loop import (
+    assert_cuda_matches_cpu,
+    clipped_mean_loop,
+    marked_tokens,
+    train_dpsgd,
+)
 from torch import nn
 
-import privdl
 from privdl.engine import ClipSpec, node_gradients
 from privdl.engine.ghost import supports_ghost
 from privdl.errors import ConfigError
@@ -179,15 +183,9 @@ def _seq_first() -> nn.Module:
 
 
 def test_an_lstm_trains_privately_end_to_end(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(2, V, (600, 8), generator=g)
-    y = torch.randint(0, 2, (600,), generator=g)
-    x[:, 5] = y  # the class is token 0 or 1 at step 5
+    x, y = marked_tokens(600, V, position=5)
     torch.manual_seed(0)
-    result = privdl.train(algorithm="dpsgd", model=Tagger(classes=2), data=(x, y), clip=1.0,
-                          epsilon=8.0,
-                          delta=1e-5, steps=150, eval_every=150, batch_size=32, lr=1.0,
-                          out=tmp_path / "run", progress=False)  # fmt: skip
+    result = train_dpsgd(Tagger(classes=2), x, y, lr=1.0, out=tmp_path / "run")
     assert result.privacy["epsilon"] <= 8.0
     assert result.metrics[-1]["accuracy"] > 0.9  # chance is 0.5
 
